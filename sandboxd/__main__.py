@@ -1,0 +1,3 @@
+from sandboxd.cli import main
+
+main()

@@ -1,0 +1,179 @@
+"""Pure functions from a sandbox description to a bubblewrap argv.
+
+Each bwrap option is a small value with ``to_args()`` (bubblejail's habit),
+so the argv is data: built without running anything and tested as golden
+lists. Nothing here touches the filesystem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sandboxd.toolchains import BASE_PATH, HOME, SHIM_DIR, Toolchain
+from sandboxd.workspace import Owner
+
+WORKSPACE = "/workspace"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+SANDBOX_HOSTNAME = "sandbox"
+
+
+class Option(Protocol):
+    def to_args(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+
+    def to_args(self) -> list[str]:
+        return [self.name]
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    value: str
+
+    def to_args(self) -> list[str]:
+        return [self.name, self.value]
+
+
+@dataclass(frozen=True)
+class Mount:
+    """``--bind``, ``--ro-bind``, ``--symlink`` and friends: an option with source and dest."""
+
+    name: str
+    source: str
+    dest: str
+
+    def to_args(self) -> list[str]:
+        return [self.name, self.source, self.dest]
+
+
+@dataclass(frozen=True)
+class SetEnv:
+    key: str
+    value: str
+
+    def to_args(self) -> list[str]:
+        return ["--setenv", self.key, self.value]
+
+
+# The isolation every sandbox gets, whatever it runs. --unshare-user is
+# explicit because --unshare-all only tries it, and --disable-userns needs it.
+ISOLATION: tuple[Option, ...] = (
+    Flag("--unshare-all"),
+    Flag("--unshare-user"),
+    Flag("--disable-userns"),
+    Flag("--die-with-parent"),
+    Flag("--new-session"),
+    Value("--cap-drop", "ALL"),
+    Flag("--clearenv"),
+    Value("--uid", str(SANDBOX_UID)),
+    Value("--gid", str(SANDBOX_GID)),
+    Value("--hostname", SANDBOX_HOSTNAME),
+)
+
+# Debian 12 is merged-/usr: /bin, /lib and friends are links into /usr.
+SYSTEM: tuple[Option, ...] = (
+    Mount("--ro-bind", "/usr", "/usr"),
+    Mount("--symlink", "usr/bin", "/bin"),
+    Mount("--symlink", "usr/sbin", "/sbin"),
+    Mount("--symlink", "usr/lib", "/lib"),
+    Mount("--symlink", "usr/lib64", "/lib64"),
+    Mount("--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"),
+    Mount("--ro-bind-try", "/etc/alternatives", "/etc/alternatives"),
+    Mount("--ro-bind-try", "/etc/ssl/certs", "/etc/ssl/certs"),
+    Mount("--ro-bind-try", "/usr/share/ca-certificates", "/usr/share/ca-certificates"),
+    Value("--proc", "/proc"),
+    Value("--dev", "/dev"),
+    Value("--tmpfs", "/tmp"),
+    Value("--tmpfs", "/dev/shm"),
+)
+
+# Files the daemon writes once into its data dir and binds into every sandbox.
+ETC_FILES = ("passwd", "group", "hosts", "hostname", "nsswitch.conf")
+
+
+def etc_file_contents() -> dict[str, str]:
+    return {
+        "passwd": (
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{HOME}:/bin/sh\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+        "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+        "hosts": f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n::1\tlocalhost ip6-localhost\n",
+        "hostname": f"{SANDBOX_HOSTNAME}\n",
+        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    }
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    workspace: Path
+    home: Path
+    etc_dir: Path
+    toolchain: Toolchain
+    command: Sequence[str]
+    # Set when the daemon is root: drop to this uid before bwrap, so the
+    # sandboxed code is never host root even inside its user namespace.
+    drop_to: Owner | None = None
+    status_fd: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def privilege_drop(owner: Owner) -> list[str]:
+    # setpriv execs bwrap in the same process: no extra fork, no preexec_fn.
+    return [
+        "setpriv",
+        f"--reuid={owner.uid}",
+        f"--regid={owner.gid}",
+        "--clear-groups",
+        "--",
+    ]
+
+
+def _options(spec: SandboxSpec) -> Iterable[Option]:
+    yield from ISOLATION
+    yield from SYSTEM
+    for name in ETC_FILES:
+        yield Mount("--ro-bind", str(spec.etc_dir / name), f"/etc/{name}")
+    for path in spec.toolchain.ro_binds:
+        yield Mount("--ro-bind", path, path)
+    yield Value("--dir", SHIM_DIR)
+    for name, target in sorted(spec.toolchain.shims.items()):
+        yield Mount("--symlink", target, f"{SHIM_DIR}/{name}")
+    yield Mount("--bind", str(spec.workspace), WORKSPACE)
+    yield Mount("--bind", str(spec.home), HOME)
+    yield Value("--chdir", WORKSPACE)
+    env = {
+        "PATH": BASE_PATH,
+        "HOME": HOME,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "SHELL": "/bin/sh",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "TERM": "dumb",
+        **spec.toolchain.env,
+        **spec.extra_env,
+    }
+    for key, value in env.items():
+        yield SetEnv(key, value)
+    if spec.status_fd is not None:
+        yield Value("--json-status-fd", str(spec.status_fd))
+
+
+def build_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
+    argv = privilege_drop(spec.drop_to) if spec.drop_to else []
+    argv.append(bwrap)
+    for option in _options(spec):
+        argv.extend(option.to_args())
+    argv.append("--")
+    argv.extend(spec.command)
+    return argv

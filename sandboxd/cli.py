@@ -1,0 +1,146 @@
+"""The command line: thin click wrappers over daemon.py and client.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sandboxd import __version__, daemon
+from sandboxd.client import ClientError, NotRunning, call
+from sandboxd.config import ConfigError, Settings, load_settings
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj: dict[str, Any] = ctx.obj
+    try:
+        return load_settings(obj["config"], socket_path=obj["socket"], data_dir=obj["data_dir"])
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid configuration: {exc}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sandboxd")
+@click.option(
+    "--socket",
+    type=click.Path(path_type=Path),
+    envvar="SANDBOXD_SOCKET",
+    help="Unix socket path [default: $XDG_RUNTIME_DIR/sandboxd/sandboxd.sock].",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="SANDBOXD_DATA_DIR",
+    help="Where sandboxes live [default: $XDG_DATA_HOME/sandboxd].",
+)
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path),
+    envvar="SANDBOXD_CONFIG",
+    help="Config file [default: $XDG_CONFIG_HOME/sandboxd/config.toml].",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@click.pass_context
+def main(
+    ctx: click.Context,
+    socket: Path | None,
+    data_dir: Path | None,
+    config: Path | None,
+    log_level: str,
+) -> None:
+    """sandboxd runs untrusted code in bubblewrap sandboxes, over HTTP on a Unix socket."""
+    ctx.obj = {"socket": socket, "data_dir": data_dir, "config": config, "log_level": log_level}
+
+
+@main.command()
+@click.pass_context
+def serve(ctx: click.Context) -> None:
+    """Run the daemon in the foreground (logs go to stderr)."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=ctx.obj["log_level"].upper(),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    settings = _settings(ctx)
+    try:
+        daemon.serve(settings)
+    except daemon.DaemonStartError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _forwarded_args(ctx: click.Context) -> list[str]:
+    args = []
+    for key, flag in (("socket", "--socket"), ("data_dir", "--data-dir"), ("config", "--config")):
+        if ctx.obj[key] is not None:
+            args += [flag, str(Path(ctx.obj[key]).absolute())]
+    args += ["--log-level", ctx.obj["log_level"]]
+    return args
+
+
+@main.command()
+@click.pass_context
+def start(ctx: click.Context) -> None:
+    """Start the daemon in the background; return once it accepts connections."""
+    settings = _settings(ctx)
+    try:
+        daemon.preflight(settings)
+        pid = daemon.start_background(settings, _forwarded_args(ctx))
+    except daemon.DaemonStartError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"sandboxd started (pid {pid}), listening on {settings.socket_path}")
+
+
+@main.command()
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for it to exit.")
+@click.pass_context
+def stop(ctx: click.Context, timeout: float) -> None:
+    """Stop the daemon and wait until it is gone."""
+    settings = _settings(ctx)
+    try:
+        status = call(settings.socket_path, "GET", "/v1/status")
+    except NotRunning:
+        click.echo("sandboxd is not running")
+        return
+    pid = int(status["pid"])
+    os.kill(pid, signal.SIGTERM)
+    if not daemon.wait_for_exit(pid, timeout):
+        raise click.ClickException(f"sandboxd (pid {pid}) did not exit within {timeout:g} s")
+    click.echo(f"sandboxd stopped (pid {pid})")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Show whether the daemon runs, and what it is doing. Exit status 3 if it is not running."""
+    settings = _settings(ctx)
+    try:
+        info = call(settings.socket_path, "GET", "/v1/status")
+    except NotRunning as exc:
+        click.echo(str(exc), err=True)
+        ctx.exit(3)
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"sandboxd {info['version']} running (pid {info['pid']})")
+    click.echo(f"  socket:     {info['socket']}")
+    click.echo(f"  data dir:   {info['data_dir']}")
+    click.echo(f"  uptime:     {info['uptime_seconds']:.0f} s")
+    click.echo(f"  sandboxes:  {info['sandboxes']} ({info['running_commands']} commands running)")
+    uid = info["sandbox_uid"]
+    click.echo(f"  runs code as: {'uid ' + str(uid) if uid is not None else 'your own uid'}")
+    for key, value in info["limits"].items():
+        click.echo(f"  limit {key}: {value}")

@@ -1,0 +1,69 @@
+"""Settings: defaults, the config file, and command-line overrides.
+
+The only reader of settings. The config file is TOML (stdlib tomllib),
+validated by pydantic with unknown keys refused, so a typo is an error that
+names the key and the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandboxd import paths
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Strict):
+    exec_timeout_default: float = Field(60.0, gt=0)
+    exec_timeout_max: float = Field(600.0, gt=0)
+    output_bytes: int = Field(1 * MiB, gt=0, description="kept per stream (the end)")
+    json_body_bytes: int = Field(1 * MiB, gt=0)
+    upload_bytes: int = Field(256 * MiB, gt=0, description="one upload request body")
+    archive_unpacked_bytes: int = Field(1 * GiB, gt=0)
+    archive_entries: int = Field(50_000, gt=0)
+    archive_path_bytes: int = Field(1024, gt=0)
+    test_wait_seconds: float = Field(2.0, ge=0, description="the spec's fixed wait")
+
+
+class Settings(_Strict):
+    socket_path: Path = Field(default_factory=paths.default_socket_path)
+    data_dir: Path = Field(default_factory=paths.default_data_dir)
+    bwrap: str = "bwrap"
+    # uid/gid the sandboxed code runs as on the host when the daemon is root.
+    sandbox_uid: int = Field(65534, gt=0)
+    sandbox_gid: int = Field(65534, gt=0)
+    limits: Limits = Field(default_factory=Limits)
+    toolchains: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class ConfigError(Exception):
+    """The config file is unreadable or invalid; the message names file and key."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Defaults, then the config file (if it exists), then non-None overrides."""
+    path = config_file or paths.default_config_file()
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from exc

@@ -1,0 +1,148 @@
+"""Every path that comes from outside is resolved here (and in archive.py).
+
+The workspace is writable by hostile code, which may plant symlinks in it at
+any moment. So nothing here walks the workspace by path: each step opens the
+next directory relative to the previous one's descriptor with O_NOFOLLOW,
+and entries are replaced with rename(2), which never follows the target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxd.errors import PathConflict, UnsafePath
+
+NAME_MAX = 255
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns workspace files on the host (set when the daemon is root)."""
+
+    uid: int
+    gid: int
+
+    def apply(self, fd: int) -> None:
+        os.fchown(fd, self.uid, self.gid)
+
+
+def validate_filename(name: str | None) -> str:
+    """A single-file upload's name: a plain base name, refused (never rewritten) otherwise."""
+    if name is None or name == "":
+        raise UnsafePath("The uploaded file has no name; send it with a filename.")
+    if name in (".", ".."):
+        raise UnsafePath(f"The file name {name!r} is not allowed.")
+    if "/" in name or "\\" in name:
+        raise UnsafePath(
+            f"The file name {name!r} contains a path separator; "
+            "single-file uploads go to the workspace root under a plain name."
+        )
+    if "\x00" in name:
+        raise UnsafePath("The file name contains a NUL byte.")
+    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise UnsafePath(f"The file name is longer than {NAME_MAX} bytes.")
+    return name
+
+
+@contextlib.contextmanager
+def open_dir(path: Path | str, dir_fd: int | None = None) -> Iterator[int]:
+    """Open a directory without following a symlink in its last component."""
+    fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def install_file(src: Path, workspace: Path, name: str) -> None:
+    """Move an already written file into the workspace root under ``name``.
+
+    rename(2) replaces a planted symlink instead of writing through it.
+    """
+    with open_dir(src.parent) as src_fd, open_dir(workspace) as dst_fd:
+        try:
+            st = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise PathConflict(f"{name!r} is a folder in the workspace; a file cannot replace it.")
+        os.rename(src.name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+def _is_dir(name: str, dir_fd: int) -> bool | None:
+    """True for a real directory, False for anything else, None if absent."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return stat.S_ISDIR(st.st_mode)
+
+
+def _check_merge(src_fd: int, dst_fd: int, prefix: str) -> None:
+    for name in os.listdir(src_fd):
+        src_is_dir = _is_dir(name, src_fd)
+        dst_is_dir = _is_dir(name, dst_fd)
+        if dst_is_dir is None:
+            continue
+        if src_is_dir and dst_is_dir:
+            with open_dir(name, src_fd) as s, open_dir(name, dst_fd) as d:
+                _check_merge(s, d, f"{prefix}{name}/")
+        elif src_is_dir or dst_is_dir:
+            what = "a folder" if dst_is_dir else "a file or link"
+            raise PathConflict(
+                f"The archive has {prefix}{name} where the workspace has {what}; "
+                "nothing was changed. Delete it first or rename it in the archive."
+            )
+
+
+def _do_merge(src_fd: int, dst_fd: int) -> None:
+    for name in os.listdir(src_fd):
+        if _is_dir(name, src_fd) and _is_dir(name, dst_fd):
+            with open_dir(name, src_fd) as s, open_dir(name, dst_fd) as d:
+                _do_merge(s, d)
+        else:
+            os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+def merge_tree(staging: Path, workspace: Path) -> None:
+    """Move a fully validated tree into the workspace, files replacing files.
+
+    All conflicts (a folder against a file) are found before anything moves,
+    so a refused merge leaves the workspace as it was.
+    """
+    with open_dir(staging) as src_fd, open_dir(workspace) as dst_fd:
+        _check_merge(src_fd, dst_fd, "")
+        _do_merge(src_fd, dst_fd)
+
+
+def _make_removable(dir_fd: int) -> None:
+    for entry in os.scandir(dir_fd):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.name, 0o700, dir_fd=dir_fd)
+            with open_dir(entry.name, dir_fd) as sub:
+                _make_removable(sub)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tree the sandbox may have made hard to remove (mode 000 folders).
+
+    shutil.rmtree works by descriptor on Linux and never follows symlinks.
+    A folder the sandboxed code made unreadable stops it; then every folder
+    is made owner-accessible and the removal runs again.
+    """
+    if not os.path.lexists(path):
+        return
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        os.chmod(path, 0o700)
+        with open_dir(path) as fd:
+            _make_removable(fd)
+        shutil.rmtree(path)
