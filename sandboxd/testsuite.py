@@ -32,7 +32,7 @@ others_alive() {
     n=${p#/proc/}
     [ "$n" = 1 ] && continue
     [ "$n" = $$ ] && continue
-    read -r line < "$p/stat" 2>/dev/null || continue
+    read -r line 2>/dev/null < "$p/stat" || continue
     case "${line##*) }" in Z*) continue;; esac
     return 0
   done
@@ -47,7 +47,7 @@ echo "runner-start" >&"$ctl"
 "$@" </dev/null >&"$rout" 2>&"$rerr" {ctl}>&-
 rc=$?
 echo "runner-exit $rc" >&"$ctl"
-read -r state < "/proc/$pid/stat" 2>/dev/null
+read -r state 2>/dev/null < "/proc/$pid/stat"
 case "${state##*) }" in
   ""|Z*) wait "$pid"; echo "command-exit $?" >&"$ctl";;
   *) echo "command-running" >&"$ctl";;

@@ -73,7 +73,8 @@ def make_zip(files: dict[str, bytes | str], *, symlinks: dict[str, str] | None =
 
 
 def form_with_file(data: bytes, filename: str | None, field: str = "file") -> aiohttp.FormData:
-    form = aiohttp.FormData()
+    # quote_fields=False sends the name as curl and browsers do, not percent-encoded.
+    form = aiohttp.FormData(quote_fields=False)
     form.add_field(field, data, filename=filename, content_type="application/octet-stream")
     return form
 
