@@ -89,21 +89,47 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
-    def cli(self, *args: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "sandboxd", "--socket", str(self.socket_path),
-             "--data-dir", str(self.data_dir), "--config", str(self.root / "config.toml"), *args],
-            capture_output=True, text=True, timeout=timeout, check=check,
+            [
+                sys.executable,
+                "-m",
+                "sandboxd",
+                "--socket",
+                str(self.socket_path),
+                "--data-dir",
+                str(self.data_dir),
+                "--config",
+                str(self.root / "config.toml"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
         )
 
     def start(self) -> None:
         self.log_path = self.root / "daemon.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "--socket", str(self.socket_path),
-             "--data-dir", str(self.data_dir), "--config", str(self.root / "config.toml"),
-             "serve"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "sandboxd",
+                "--socket",
+                str(self.socket_path),
+                "--data-dir",
+                str(self.data_dir),
+                "--config",
+                str(self.root / "config.toml"),
+                "serve",
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
         )
         log.close()
         deadline = time.monotonic() + 20
@@ -141,7 +167,9 @@ class Daemon:
 
 @pytest.fixture
 def daemon_factory(short_tmp: Path) -> Iterator[Daemon]:
-    d = Daemon(root=short_tmp, socket_path=short_tmp / "run" / "s.sock", data_dir=short_tmp / "data")
+    d = Daemon(
+        root=short_tmp, socket_path=short_tmp / "run" / "s.sock", data_dir=short_tmp / "data"
+    )
     yield d
     d.stop()
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import form_with_file, make_settings, make_zip
 from sandboxd.server import create_app
+from tests.conftest import form_with_file, make_settings, make_zip
 
 
 async def sandbox(client, language: str = "python") -> str:
@@ -39,7 +39,9 @@ async def test_exec_result_fields(client):
 async def test_output_interleaves_in_arrival_order(client):
     sid = await sandbox(client)
     result = await run(
-        client, sid, command="echo 1; sleep 0.1; echo 2 >&2; sleep 0.1; echo 3; sleep 0.1; echo 4 >&2"
+        client,
+        sid,
+        command="echo 1; sleep 0.1; echo 2 >&2; sleep 0.1; echo 3; sleep 0.1; echo 4 >&2",
     )
     assert result["output"] == "1\n2\n3\n4\n"
 
@@ -52,7 +54,9 @@ async def test_cwd_is_the_workspace_and_files_persist(client):
     assert result["stdout"] == "data\n"
 
 
-@pytest.mark.parametrize("tool", ["python --version", "python3 --version", "pip --version", "pytest --version"])
+@pytest.mark.parametrize(
+    "tool", ["python --version", "python3 --version", "pip --version", "pytest --version"]
+)
 async def test_python_commands_work_as_typed(client, tool):
     sid = await sandbox(client)
     result = await run(client, sid, command=tool)
@@ -86,8 +90,15 @@ async def test_legacy_filename_field(client):
 
 @pytest.mark.parametrize(
     "body",
-    [{"command": 5}, {"command": ["ls"]}, {"command": ""}, {"command": "ls", "test": "yes"},
-     {"command": "ls", "timeout": "5"}, {"command": "ls", "timeout": 0}, {"command": "ls", "x": 1}],
+    [
+        {"command": 5},
+        {"command": ["ls"]},
+        {"command": ""},
+        {"command": "ls", "test": "yes"},
+        {"command": "ls", "timeout": "5"},
+        {"command": "ls", "timeout": 0},
+        {"command": "ls", "x": 1},
+    ],
 )
 async def test_wrong_types_are_422(client, body):
     sid = await sandbox(client)

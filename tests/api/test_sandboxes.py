@@ -50,7 +50,9 @@ async def test_java_is_refused_with_the_allowed_list(client):
 
 
 async def test_create_refuses_non_json_content_type(client):
-    r = await client.post("/v1/sandboxes", data="language=go", headers={"Content-Type": "text/plain"})
+    r = await client.post(
+        "/v1/sandboxes", data="language=go", headers={"Content-Type": "text/plain"}
+    )
     assert r.status == 415
     assert (await r.json())["code"] == "unsupported_media_type"
 
@@ -212,7 +214,9 @@ async def test_zip_upload_merges_into_existing_workspace(client):
     (ws / "keep.txt").write_text("kept")
     (ws / "app.py").write_text("old")
     archive = make_zip({"app.py": "new"})
-    r = await client.post(f"/v1/sandboxes/{made['id']}/upload", data=form_with_file(archive, "p.zip"))
+    r = await client.post(
+        f"/v1/sandboxes/{made['id']}/upload", data=form_with_file(archive, "p.zip")
+    )
     assert r.status == 201
     assert (ws / "keep.txt").read_text() == "kept"
     assert (ws / "app.py").read_text() == "new"
@@ -234,7 +238,9 @@ async def test_refused_zip_leaves_workspace_as_it_was(client):
     ws = Path(made["workspace"])
     (ws / "a.txt").write_text("before")
     archive = make_zip({"a.txt": "after", "good/file": "x", "../escape": "x"})
-    r = await client.post(f"/v1/sandboxes/{made['id']}/upload", data=form_with_file(archive, "p.zip"))
+    r = await client.post(
+        f"/v1/sandboxes/{made['id']}/upload", data=form_with_file(archive, "p.zip")
+    )
     assert r.status == 400
     assert (await r.json())["code"] == "unsafe_path"
     assert (ws / "a.txt").read_text() == "before"
