@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from sandboxd.toolchains import BASE_PATH, HOME, SHIM_DIR, Toolchain
+from sandboxd.toolchains import HOME, SHIM_DIR, Toolchain
 from sandboxd.workspace import Owner
 
 WORKSPACE = "/workspace"
@@ -143,8 +143,8 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     yield from SYSTEM
     for name in ETC_FILES:
         yield Mount("--ro-bind", str(spec.etc_dir / name), f"/etc/{name}")
-    for path in spec.toolchain.ro_binds:
-        yield Mount("--ro-bind", path, path)
+    for source, dest in spec.toolchain.ro_binds:
+        yield Mount("--ro-bind", source, dest)
     yield Value("--dir", SHIM_DIR)
     for name, target in sorted(spec.toolchain.shims.items()):
         yield Mount("--symlink", target, f"{SHIM_DIR}/{name}")
@@ -152,7 +152,7 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     yield Mount("--bind", str(spec.home), HOME)
     yield Value("--chdir", WORKSPACE)
     env = {
-        "PATH": BASE_PATH,
+        "PATH": spec.toolchain.search_path,
         "HOME": HOME,
         "USER": "sandbox",
         "LOGNAME": "sandbox",

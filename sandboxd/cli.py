@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from sandboxd import __version__, daemon
+from sandboxd import __version__, daemon, toolchains
 from sandboxd.client import ClientError, NotRunning, call
 from sandboxd.config import ConfigError, Settings, load_settings
 
@@ -144,3 +144,36 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"  runs code as: {'uid ' + str(uid) if uid is not None else 'your own uid'}")
     for key, value in info["limits"].items():
         click.echo(f"  limit {key}: {value}")
+
+
+@main.group("toolchains", invoke_without_command=True)
+@click.pass_context
+def toolchains_cmd(ctx: click.Context) -> None:
+    """Show what each language uses and what is missing. Exit status 1 if anything is."""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = _settings(ctx)
+    problems = 0
+    for language, chain in toolchains.detect(settings).items():
+        version = toolchains.version_of(chain)
+        click.echo(f"{language.value}: {chain.executable} ({version or 'does not run'})")
+        click.echo(f"  runner: {chain.runner_display}")
+        for issue in (chain.missing(), chain.runner_missing()):
+            if issue:
+                problems += 1
+                click.echo(f"  missing: {issue}")
+    if problems:
+        ctx.exit(1)
+
+
+@toolchains_cmd.command("install")
+@click.pass_context
+def toolchains_install(ctx: click.Context) -> None:
+    """Install the test runners the host lacks (jest; pytest if needed), for offline use."""
+    settings = _settings(ctx)
+    try:
+        for line in toolchains.install_runners(settings):
+            click.echo(line)
+    except toolchains.ProvisionError as exc:
+        raise click.ClickException(f"could not install the test runners: {exc}") from None
+    click.echo("A running daemon picks these up when restarted (sandboxd stop; sandboxd start).")

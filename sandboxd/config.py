@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandboxd import paths
+from sandboxd.models import Language
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -35,6 +36,10 @@ class Limits(_Strict):
     test_wait_seconds: float = Field(2.0, ge=0, description="the spec's fixed wait")
 
 
+class ToolchainConfig(_Strict):
+    executable: Path | None = Field(None, description="the language's main program")
+
+
 class Settings(_Strict):
     socket_path: Path = Field(default_factory=paths.default_socket_path)
     data_dir: Path = Field(default_factory=paths.default_data_dir)
@@ -43,7 +48,9 @@ class Settings(_Strict):
     sandbox_uid: int = Field(65534, gt=0)
     sandbox_gid: int = Field(65534, gt=0)
     limits: Limits = Field(default_factory=Limits)
-    toolchains: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    toolchains: dict[Language, ToolchainConfig] = Field(default_factory=dict)
+    # Provisioned test runners; shared by every data dir of the user.
+    toolchains_dir: Path = Field(default_factory=paths.default_toolchains_dir)
 
 
 class ConfigError(Exception):

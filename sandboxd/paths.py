@@ -41,6 +41,15 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP, appauthor=False))
 
 
+def default_toolchains_dir() -> Path:
+    """Test runners provisioned by `sandboxd toolchains install`.
+
+    Beside the default data dir, not inside whichever --data-dir is in use,
+    so one install serves every daemon of the user (and the test suite's).
+    """
+    return default_data_dir() / "toolchains"
+
+
 def default_config_file() -> Path:
     if running_as_root():
         return Path("/etc") / APP / "config.toml"

@@ -449,16 +449,14 @@ def _with_tests(
     counts = testsuite.PARSERS[toolchain.runner](runner_output, runner_exit)
     tests = TestsResult(
         runner=toolchain.runner,
-        command=" ".join(toolchain.runner_argv),
+        command=toolchain.runner_display,
         exit_code=runner_exit,
         passed=counts.passed,
         failed=counts.failed,
         skipped=counts.skipped,
         errors=counts.errors,
         no_tests=counts.no_tests,
-        summary=counts.summary
-        if runner_started or not timed_out
-        else "the time limit ran out before the tests started",
+        summary=_summary(counts.summary, toolchain, runner_started, runner_exit, runner_output),
         output=runner_output,
         stdout=runner_stdout,
         stderr=runner_stderr,
@@ -480,6 +478,22 @@ def _with_tests(
             "tests": tests,
         }
     )
+
+
+def _summary(
+    parsed: str | None,
+    toolchain: Toolchain,
+    started: bool,
+    exit_code: int | None,
+    output: str,
+) -> str | None:
+    if not started:
+        return "the time limit ran out before the tests started"
+    if exit_code == 127 or (exit_code and "No module named pytest" in output):
+        return f"{toolchain.runner} was not found in the sandbox: {toolchain.runner_hint}"
+    if exit_code is None:
+        return parsed or "the time limit ran out while the tests ran"
+    return parsed
 
 
 def _after(words: list[str], key: str) -> int | None:

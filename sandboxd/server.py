@@ -301,7 +301,7 @@ def create_app(settings: Settings, manager: SandboxManager | None = None) -> web
         middlewares=[error_middleware], client_max_size=settings.limits.json_body_bytes
     )
     app[SETTINGS] = settings
-    app[MANAGER] = manager or SandboxManager(settings, toolchains.detect())
+    app[MANAGER] = manager or SandboxManager(settings, toolchains.detect(settings))
     app[STARTED] = time.monotonic()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
