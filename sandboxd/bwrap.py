@@ -79,24 +79,22 @@ ISOLATION: tuple[Option, ...] = (
 )
 
 # Debian 12 is merged-/usr: /bin, /lib and friends are links into /usr.
+# /etc gets only the generated passwd, group and hosts, the CA certificates,
+# and the alternatives links (without them `awk` and friends do not exist).
 SYSTEM: tuple[Option, ...] = (
     Mount("--ro-bind", "/usr", "/usr"),
     Mount("--symlink", "usr/bin", "/bin"),
     Mount("--symlink", "usr/sbin", "/sbin"),
     Mount("--symlink", "usr/lib", "/lib"),
     Mount("--symlink", "usr/lib64", "/lib64"),
-    Mount("--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"),
     Mount("--ro-bind-try", "/etc/alternatives", "/etc/alternatives"),
     Mount("--ro-bind-try", "/etc/ssl/certs", "/etc/ssl/certs"),
-    Mount("--ro-bind-try", "/usr/share/ca-certificates", "/usr/share/ca-certificates"),
     Value("--proc", "/proc"),
     Value("--dev", "/dev"),
-    Value("--tmpfs", "/tmp"),
-    Value("--tmpfs", "/dev/shm"),
 )
 
 # Files the daemon writes once into its data dir and binds into every sandbox.
-ETC_FILES = ("passwd", "group", "hosts", "hostname", "nsswitch.conf")
+ETC_FILES = ("passwd", "group", "hosts")
 
 
 def etc_file_contents() -> dict[str, str]:
@@ -108,9 +106,33 @@ def etc_file_contents() -> dict[str, str]:
         ),
         "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
         "hosts": f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n::1\tlocalhost ip6-localhost\n",
-        "hostname": f"{SANDBOX_HOSTNAME}\n",
-        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
     }
+
+
+@dataclass(frozen=True)
+class Rlimits:
+    """Per-process limits, set by prlimit(1) in front of bwrap (no preexec_fn)."""
+
+    data_bytes: int
+    open_files: int
+    file_bytes: int
+    cpu_seconds: int
+    # RLIMIT_NPROC counts every process of the host uid, so it is only set
+    # where the sandbox has a uid of its own.
+    processes: int | None = None
+
+    def to_args(self) -> list[str]:
+        args = [
+            "prlimit",
+            f"--data={self.data_bytes}",
+            f"--nofile={self.open_files}",
+            f"--fsize={self.file_bytes}",
+            f"--cpu={self.cpu_seconds}",
+            "--core=0",
+        ]
+        if self.processes is not None:
+            args.append(f"--nproc={self.processes}")
+        return [*args, "--"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +145,13 @@ class SandboxSpec:
     # Set when the daemon is root: drop to this uid before bwrap, so the
     # sandboxed code is never host root even inside its user namespace.
     drop_to: Owner | None = None
+    rlimits: Rlimits | None = None
     status_fd: int | None = None
+    seccomp_fd: int | None = None
+    # An O_PATH descriptor of the workspace: bound by descriptor, so a path
+    # swapped for a symlink cannot redirect the bind.
+    workspace_fd: int | None = None
+    tmp_bytes: int = 512 * 1024 * 1024
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -141,6 +169,10 @@ def privilege_drop(owner: Owner) -> list[str]:
 def _options(spec: SandboxSpec) -> Iterable[Option]:
     yield from ISOLATION
     yield from SYSTEM
+    yield Value("--size", str(spec.tmp_bytes))
+    yield Value("--tmpfs", "/tmp")
+    yield Value("--size", str(min(spec.tmp_bytes, 64 * 1024 * 1024)))
+    yield Value("--tmpfs", "/dev/shm")
     for name in ETC_FILES:
         yield Mount("--ro-bind", str(spec.etc_dir / name), f"/etc/{name}")
     for source, dest in spec.toolchain.ro_binds:
@@ -148,7 +180,10 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     yield Value("--dir", SHIM_DIR)
     for name, target in sorted(spec.toolchain.shims.items()):
         yield Mount("--symlink", target, f"{SHIM_DIR}/{name}")
-    yield Mount("--bind", str(spec.workspace), WORKSPACE)
+    if spec.workspace_fd is not None:
+        yield Mount("--bind-fd", str(spec.workspace_fd), WORKSPACE)
+    else:
+        yield Mount("--bind", str(spec.workspace), WORKSPACE)
     yield Mount("--bind", str(spec.home), HOME)
     yield Value("--chdir", WORKSPACE)
     env = {
@@ -165,15 +200,37 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     }
     for key, value in env.items():
         yield SetEnv(key, value)
+    if spec.seccomp_fd is not None:
+        yield Value("--seccomp", str(spec.seccomp_fd))
     if spec.status_fd is not None:
         yield Value("--json-status-fd", str(spec.status_fd))
 
 
-def build_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
-    argv = privilege_drop(spec.drop_to) if spec.drop_to else []
-    argv.append(bwrap)
+def bwrap_options(spec: SandboxSpec) -> list[str]:
+    """bwrap's options, without the command: what --args carries."""
+    args: list[str] = []
     for option in _options(spec):
-        argv.extend(option.to_args())
-    argv.append("--")
-    argv.extend(spec.command)
+        args.extend(option.to_args())
+    return args
+
+
+def launcher(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
+    """What runs before bwrap's arguments: prlimit, setpriv, bwrap."""
+    argv = spec.rlimits.to_args() if spec.rlimits else []
+    if spec.drop_to:
+        argv += privilege_drop(spec.drop_to)
+    argv.append(bwrap)
     return argv
+
+
+def build_argv(spec: SandboxSpec, bwrap: str = "bwrap", args_fd: int | None = None) -> list[str]:
+    """The full argv. With ``args_fd`` the options are left for that descriptor (see
+    ``bwrap_options``), so /proc/1/cmdline inside shows no host paths; bwrap takes the
+    command itself only from its real argv."""
+    options = ["--args", str(args_fd)] if args_fd is not None else bwrap_options(spec)
+    return [*launcher(spec, bwrap), *options, "--", *spec.command]
+
+
+def encode_args(args: Sequence[str]) -> bytes:
+    """bwrap's --args format: NUL-terminated strings."""
+    return b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in args)

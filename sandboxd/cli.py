@@ -140,8 +140,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"  data dir:   {info['data_dir']}")
     click.echo(f"  uptime:     {info['uptime_seconds']:.0f} s")
     click.echo(f"  sandboxes:  {info['sandboxes']} ({info['running_commands']} commands running)")
-    uid = info["sandbox_uid"]
-    click.echo(f"  runs code as: {'uid ' + str(uid) if uid is not None else 'your own uid'}")
+    for key, value in info["isolation"].items():
+        click.echo(f"  {key}: {value}")
     for key, value in info["limits"].items():
         click.echo(f"  limit {key}: {value}")
 

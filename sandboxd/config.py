@@ -34,6 +34,17 @@ class Limits(_Strict):
     archive_entries: int = Field(50_000, gt=0)
     archive_path_bytes: int = Field(1024, gt=0)
     test_wait_seconds: float = Field(2.0, ge=0, description="the spec's fixed wait")
+    # Per process inside a sandbox (rlimits); an exec may ask for less.
+    memory_bytes: int = Field(4 * GiB, gt=0, description="RLIMIT_DATA")
+    processes: int = Field(512, gt=0, description="RLIMIT_NPROC, per sandbox uid")
+    open_files: int = Field(1024, gt=0, description="RLIMIT_NOFILE")
+    file_bytes: int = Field(1 * GiB, gt=0, description="RLIMIT_FSIZE")
+    cpu_seconds: int = Field(600, gt=0, description="RLIMIT_CPU")
+    tmp_bytes: int = Field(512 * MiB, gt=0, description="size of each exec's /tmp")
+    # Per sandbox and per daemon.
+    workspace_bytes: int = Field(10 * GiB, gt=0, description="disk quota of one workspace")
+    sandboxes: int = Field(20_000, gt=0, description="sandboxes at once")
+    concurrent_execs: int = Field(64, gt=0, description="commands running at once")
 
 
 class ToolchainConfig(_Strict):
@@ -44,9 +55,12 @@ class Settings(_Strict):
     socket_path: Path = Field(default_factory=paths.default_socket_path)
     data_dir: Path = Field(default_factory=paths.default_data_dir)
     bwrap: str = "bwrap"
-    # uid/gid the sandboxed code runs as on the host when the daemon is root.
-    sandbox_uid: int = Field(65534, gt=0)
-    sandbox_gid: int = Field(65534, gt=0)
+    # When the daemon is root, each sandbox's code runs as a host uid (and gid)
+    # of its own from this range, never as root, so that one sandbox's
+    # processes count against its own RLIMIT_NPROC, not another's.
+    sandbox_uid_start: int = Field(524288, gt=0)
+    sandbox_uid_count: int = Field(65536, gt=1)
+    seccomp: bool = Field(True, description="load the seccomp filter (turn off only to debug)")
     limits: Limits = Field(default_factory=Limits)
     toolchains: dict[Language, ToolchainConfig] = Field(default_factory=dict)
     # Provisioned test runners; shared by every data dir of the user.

@@ -110,6 +110,12 @@ def preflight(settings: Settings) -> None:
 
 
 async def _serve(settings: Settings, sock: socket.socket) -> None:
+    # Handlers first: the socket already listens, so a client may connect and
+    # a supervisor may send SIGTERM before the app is ready.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     app = create_app(settings)
     runner = web.AppRunner(
         app, access_log=logging.getLogger("sandboxd.access"), access_log_format=ACCESS_LOG_FORMAT
@@ -123,10 +129,6 @@ async def _serve(settings: Settings, sock: socket.socket) -> None:
     site = web.SockSite(runner, sock, shutdown_timeout=10.0)
     await site.start()
     log.info("sandboxd listening on %s (data in %s)", settings.socket_path, settings.data_dir)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping")
     await runner.cleanup()

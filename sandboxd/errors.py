@@ -98,3 +98,19 @@ class ToolchainMissing(SandboxdError):
 class ShuttingDown(SandboxdError):
     code = "shutting_down"
     title = "The daemon is shutting down"
+
+
+class QuotaExceeded(SandboxdError):
+    code = "quota_exceeded"
+    title = "The workspace is over its disk quota"
+
+
+class TooManyRequests(SandboxdError):
+    """A daemon-wide limit (sandboxes, concurrent commands) is reached; retry later."""
+
+    code = "too_many_requests"
+    title = "Too many requests"
+
+    def __init__(self, detail: str, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after

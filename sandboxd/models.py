@@ -34,10 +34,24 @@ class CreateSandboxRequest(_Request):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
 
 
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ExecLimits(_Request):
+    """Lower per-process limits for one command (at most the configured ones)."""
+
+    memory_bytes: PositiveInt | None = None
+    processes: PositiveInt | None = None
+    open_files: PositiveInt | None = None
+    file_bytes: PositiveInt | None = None
+    cpu_seconds: PositiveInt | None = None
+
+
 class ExecRequest(_Request):
     command: Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$")]
     test: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
+    limits: ExecLimits | None = None
 
 
 class SandboxStatus(StrEnum):
@@ -105,6 +119,9 @@ class ExecResult(BaseModel):
     duration_ms: float
     timed_out: bool
     truncated: bool
+    quota_exceeded: bool = Field(
+        False, description="the command was stopped for filling the workspace's disk quota"
+    )
     command: CommandResult | None = None
     tests: TestsResult | None = None
 
@@ -128,7 +145,7 @@ class DaemonStatus(BaseModel):
     data_dir: str
     sandboxes: int
     running_commands: int
-    sandbox_uid: int | None
+    isolation: dict[str, str]
     limits: dict[str, float | int]
 
 

@@ -169,13 +169,15 @@ class SandboxProcess:
                     pass
         self._pipes.clear()
 
-    async def run(self, argv: Sequence[str], timeout: float) -> Outcome:
+    async def run(
+        self, argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()
+    ) -> Outcome:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         waits: list[asyncio.Future[None]] = []
         stdio_done: asyncio.Future[None] = loop.create_future()
         waits.append(stdio_done)
-        write_fds = [w for _, w in self._pipes.values()]
+        write_fds = [w for _, w in self._pipes.values()] + list(pass_fds)
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: _StdioProtocol(self.capture, stdio_done),

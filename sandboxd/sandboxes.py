@@ -6,14 +6,19 @@ On disk, under the data directory::
     sandboxes/<id>/workspace/     bound read-write at /workspace
     sandboxes/<id>/home/          bound at /home/sandbox: pip --user, go caches
     sandboxes/<id>/tmp/           uploads being received and archives being staged
-    trash/<id>/                   a sandbox being deleted
-    etc/                          passwd, group, hosts... bound into every sandbox
+    trash/<id>-*/                 a sandbox being deleted
+    etc/                          passwd, group, hosts bound into every sandbox
 
 A sandbox appears by renaming a complete ``.new-<id>`` folder into place and
 disappears by renaming it into ``trash/`` first, so a crash at any moment
 leaves either the whole sandbox or none; ``open()`` finishes what a crash
 interrupted. Records are immutable after create, so nothing on the exec
 path writes to disk.
+
+Run as root, each sandbox gets a host uid of its own (from
+``sandbox_uid_start``): its files are owned by it and its commands run as
+it, so RLIMIT_NPROC bounds each sandbox separately and no sandbox can touch
+another's files even outside its mount namespace.
 """
 
 from __future__ import annotations
@@ -28,35 +33,42 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandboxd import archive, bwrap, testsuite
+from sandboxd import archive, bwrap, seccomp
 from sandboxd.config import Settings
 from sandboxd.errors import (
     InvalidRequest,
     PayloadTooLarge,
+    QuotaExceeded,
     SandboxDeleted,
     SandboxNotFound,
     SandboxSetupFailed,
     ShuttingDown,
     ToolchainMissing,
+    TooManyRequests,
 )
+from sandboxd.execution import Execution, Placement
 from sandboxd.models import (
     ArchiveUploaded,
-    CommandResult,
     CreateSandboxRequest,
+    ExecLimits,
     ExecRequest,
     ExecResult,
     FileUploaded,
     Language,
     Sandbox,
     SandboxStatus,
-    TestsResult,
 )
-from sandboxd.runner import Capture, SandboxProcess
 from sandboxd.toolchains import Toolchain
-from sandboxd.workspace import Owner, install_file, merge_tree, remove_tree, validate_filename
+from sandboxd.workspace import (
+    Owner,
+    disk_usage,
+    install_file,
+    merge_tree,
+    remove_tree,
+    validate_filename,
+)
 
 RECORD = "sandbox.json"
-_POLL_STEP = 0.05  # the supervisor's wait granularity, in seconds
 
 
 @dataclass
@@ -68,7 +80,8 @@ class _Live:
     created_at: datetime
     labels: dict[str, str]
     root: Path
-    running: set[SandboxProcess] = field(default_factory=set)
+    owner: Owner | None
+    running: set[Execution] = field(default_factory=set)
     last_exec_at: datetime | None = None
     deleted: bool = False
 
@@ -102,6 +115,17 @@ class _Live:
             last_exec_at=self.last_exec_at,
         )
 
+    def record(self) -> dict[str, object]:
+        data: dict[str, object] = {
+            "id": self.id,
+            "language": self.language.value,
+            "created_at": self.created_at.isoformat(),
+            "labels": self.labels,
+        }
+        if self.owner is not None:
+            data["uid"] = self.owner.uid
+        return data
+
 
 def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -113,21 +137,31 @@ def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+def _chown_tree(root: Path, owner: Owner) -> None:
+    os.lchown(root, owner.uid, owner.gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), owner.uid, owner.gid)
+
+
 class SandboxManager:
     def __init__(self, settings: Settings, toolchains: dict[Language, Toolchain]) -> None:
         self.settings = settings
+        self.limits = settings.limits
         self.toolchains = toolchains
         self.data_dir = settings.data_dir
         self.sandboxes_dir = self.data_dir / "sandboxes"
         self.trash_dir = self.data_dir / "trash"
         self.etc_dir = self.data_dir / "etc"
-        # Root never runs sandboxed code as itself: it drops to an unprivileged uid.
-        self.owner: Owner | None = (
-            Owner(settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
-        )
-        self._dir_mode = 0o711 if self.owner else 0o700
+        # Root never runs sandboxed code as itself.
+        self.as_root = os.geteuid() == 0
+        self._dir_mode = 0o711 if self.as_root else 0o700
         self._sandboxes: dict[str, _Live] = {}
+        self._uids_in_use: set[int] = set()
+        self._running = 0
         self._closing = False
+        # Built once: the same program serves every exec.
+        self.seccomp_bpf = seccomp.compile_bpf() if settings.seccomp else None
 
     # -- start-up and shut-down ------------------------------------------------
 
@@ -157,49 +191,72 @@ class SandboxManager:
     def _load(self, root: Path) -> _Live | None:
         try:
             raw = json.loads((root / RECORD).read_text(encoding="utf-8"))
+            uid = raw.get("uid")
             live = _Live(
                 id=raw["id"],
                 language=Language(raw["language"]),
                 created_at=datetime.fromisoformat(raw["created_at"]),
                 labels=dict(raw.get("labels", {})),
                 root=root,
+                owner=Owner(int(uid), int(uid)) if uid is not None else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             # Not ours or damaged: leave it for a person to look at, do not guess.
             return None
         if live.id != root.name:
             return None
+        if self.as_root and (live.owner is None or live.owner.uid in self._uids_in_use):
+            # Made by a daemon that was not root (or a clash): give it a uid of its own.
+            owner = self._allocate_owner()
+            assert owner is not None  # as root it always is
+            live.owner = owner
+            for sub in (live.workspace, live.home):
+                _chown_tree(sub, owner)
+            _write_atomic(root / RECORD, json.dumps(live.record()).encode())
+        if live.owner is not None:
+            self._uids_in_use.add(live.owner.uid)
         # Uploads that were being received when the daemon stopped.
         remove_tree(live.tmp)
         live.tmp.mkdir(mode=0o700)
         return live
+
+    def _allocate_owner(self) -> Owner | None:
+        if not self.as_root:
+            return None
+        start, count = self.settings.sandbox_uid_start, self.settings.sandbox_uid_count
+        # The last uid of the range is the start-up self-test's.
+        for uid in range(start, start + count - 1):
+            if uid not in self._uids_in_use:
+                self._uids_in_use.add(uid)
+                return Owner(uid, uid)
+        raise TooManyRequests(
+            f"All {count - 1} sandbox uids are in use; delete sandboxes or widen "
+            "sandbox_uid_count in the config file.",
+            retry_after=60,
+        )
 
     async def selftest(self) -> None:
         """Run ``true`` under the full isolation once; raise SandboxSetupFailed if bwrap cannot."""
         probe = self.data_dir / "probe"
         remove_tree(probe)
         probe.mkdir(mode=self._dir_mode)
+        last = self.settings.sandbox_uid_start + self.settings.sandbox_uid_count - 1
+        owner = Owner(last, last) if self.as_root else None
         try:
             for sub in ("workspace", "home"):
                 (probe / sub).mkdir(mode=0o700)
-                if self.owner:
-                    os.chown(probe / sub, self.owner.uid, self.owner.gid)
-            capture = Capture(64 * 1024, {"stdout": "command", "stderr": "command"})
-            proc = SandboxProcess(capture)
-            spec = bwrap.SandboxSpec(
-                workspace=probe / "workspace",
-                home=probe / "home",
-                etc_dir=self.etc_dir,
-                toolchain=self.toolchains[Language.python],
-                command=["/bin/true"],
-                drop_to=self.owner,
-                status_fd=proc.status_fd,
+                if owner:
+                    os.chown(probe / sub, owner.uid, owner.gid)
+            place = self._placement_for(
+                probe / "workspace", probe / "home", self.toolchains[Language.python], owner
             )
-            outcome = await proc.run(bwrap.build_argv(spec, self.settings.bwrap), timeout=30)
-            if outcome.exit_code != 0:
+            run = Execution(
+                place, ExecRequest(command="true"), self._rlimits(owner, None), 64 * 1024, 0
+            )
+            result = await run.run(timeout=30)
+            if result.exit_code != 0:
                 raise SandboxSetupFailed(
-                    f"/bin/true exited {outcome.exit_code} in the sandbox: "
-                    + capture.streams["stderr"].text()
+                    f"`true` exited {result.exit_code} in the sandbox: {result.output.strip()}"
                 )
         finally:
             remove_tree(probe)
@@ -208,8 +265,8 @@ class SandboxManager:
         """Refuse new work and kill every running command."""
         self._closing = True
         for live in self._sandboxes.values():
-            for proc in list(live.running):
-                proc.kill()
+            for run in list(live.running):
+                run.kill()
 
     # -- registry ---------------------------------------------------------------
 
@@ -231,7 +288,22 @@ class SandboxManager:
 
     @property
     def running_commands(self) -> int:
-        return sum(len(s.running) for s in self._sandboxes.values())
+        return self._running
+
+    def isolation(self) -> dict[str, str]:
+        """What protects the host, for `sandboxd status`."""
+        start, count = self.settings.sandbox_uid_start, self.settings.sandbox_uid_count
+        return {
+            "identity": f"a host uid per sandbox from {start} ({count} uids)"
+            if self.as_root
+            else "your own uid (mapped to 1000 inside)",
+            "resource_limits": "rlimits per process (cgroup v2 is not used)",
+            "process_limit": "RLIMIT_NPROC per sandbox uid"
+            if self.as_root
+            else "none (RLIMIT_NPROC would count your own processes; run as root)",
+            "seccomp": "on" if self.seccomp_bpf is not None else "OFF (seccomp = false)",
+            "network": "none",
+        }
 
     def _check_open(self) -> None:
         if self._closing:
@@ -239,46 +311,57 @@ class SandboxManager:
 
     def create(self, request: CreateSandboxRequest) -> Sandbox:
         self._check_open()
+        if len(self._sandboxes) >= self.limits.sandboxes:
+            raise TooManyRequests(
+                f"There are already {len(self._sandboxes)} sandboxes (limits.sandboxes); "
+                "delete some first.",
+                retry_after=60,
+            )
+        owner = self._allocate_owner()
         sandbox_id = f"sb-{secrets.token_hex(8)}"
-        created_at = datetime.now(UTC)
+        live = _Live(
+            sandbox_id,
+            request.language,
+            datetime.now(UTC),
+            dict(request.labels),
+            self.sandboxes_dir / sandbox_id,
+            owner,
+        )
         staging = self.sandboxes_dir / f".new-{sandbox_id}"
-        staging.mkdir(mode=self._dir_mode)
         try:
+            staging.mkdir(mode=self._dir_mode)
             for sub in ("workspace", "home"):
                 (staging / sub).mkdir(mode=0o700)
-                if self.owner:
-                    os.chown(staging / sub, self.owner.uid, self.owner.gid)
+                if owner:
+                    os.chown(staging / sub, owner.uid, owner.gid)
             (staging / "tmp").mkdir(mode=0o700)
-            record = {
-                "id": sandbox_id,
-                "language": request.language.value,
-                "created_at": created_at.isoformat(),
-                "labels": request.labels,
-            }
-            _write_atomic(staging / RECORD, json.dumps(record).encode())
-            root = self.sandboxes_dir / sandbox_id
-            os.rename(staging, root)
+            _write_atomic(staging / RECORD, json.dumps(live.record()).encode())
+            os.rename(staging, live.root)
         except BaseException:
             remove_tree(staging)
+            if owner:
+                self._uids_in_use.discard(owner.uid)
             raise
-        live = _Live(sandbox_id, request.language, created_at, dict(request.labels), root)
         self._sandboxes[sandbox_id] = live
         return live.to_model()
 
     async def delete(self, sandbox_id: str) -> None:
         live = self._get(sandbox_id)
         live.deleted = True
-        for proc in list(live.running):
-            proc.kill()
+        for run in list(live.running):
+            run.kill()
         del self._sandboxes[sandbox_id]
         grave = self.trash_dir / f"{sandbox_id}-{secrets.token_hex(4)}"
         os.rename(live.root, grave)
         await asyncio.to_thread(remove_tree, grave)
+        if live.owner:
+            self._uids_in_use.discard(live.owner.uid)
 
     # -- uploads ----------------------------------------------------------------
 
-    async def _receive(self, live: _Live, chunks: AsyncIterator[bytes], limit: int) -> Path:
-        """Stream an upload body into the sandbox's private tmp folder, within ``limit``."""
+    async def _receive(self, live: _Live, chunks: AsyncIterator[bytes]) -> Path:
+        """Stream an upload body into the sandbox's private tmp folder, within the limit."""
+        limit = self.limits.upload_bytes
         path = live.tmp / f"upload-{secrets.token_hex(8)}"
         size = 0
         try:
@@ -292,13 +375,22 @@ class SandboxManager:
                             "(limits.upload_bytes in the config file)."
                         )
                     out.write(chunk)
-                if self.owner:
-                    os.fchown(out.fileno(), self.owner.uid, self.owner.gid)
+                if live.owner:
+                    live.owner.apply(out.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
                 path.unlink()
             raise
         return path
+
+    async def _check_quota(self, live: _Live, adding: int) -> None:
+        used = await asyncio.to_thread(disk_usage, live.workspace)
+        quota = self.limits.workspace_bytes
+        if used + adding > quota:
+            raise QuotaExceeded(
+                f"The workspace uses {used} bytes; adding {adding} would pass its quota of "
+                f"{quota} bytes (limits.workspace_bytes). Delete files first."
+            )
 
     def _ensure_present(self, live: _Live) -> None:
         if live.deleted:
@@ -310,10 +402,11 @@ class SandboxManager:
         self._check_open()
         live = self._get(sandbox_id)
         name = validate_filename(filename)
-        path = await self._receive(live, chunks, self.settings.limits.upload_bytes)
+        path = await self._receive(live, chunks)
         try:
             self._ensure_present(live)
             size = path.stat().st_size
+            await self._check_quota(live, size)
             os.chmod(path, 0o644)
             install_file(path, live.workspace, name)
         finally:
@@ -324,9 +417,9 @@ class SandboxManager:
     async def put_archive(self, sandbox_id: str, chunks: AsyncIterator[bytes]) -> ArchiveUploaded:
         self._check_open()
         live = self._get(sandbox_id)
-        path = await self._receive(live, chunks, self.settings.limits.upload_bytes)
+        path = await self._receive(live, chunks)
         staging = live.tmp / f"staging-{secrets.token_hex(8)}"
-        limits = self.settings.limits
+        limits = self.limits
         try:
             staging.mkdir(mode=0o700)
             extracted = await asyncio.to_thread(
@@ -336,9 +429,10 @@ class SandboxManager:
                 archive.ArchiveLimits(
                     limits.archive_unpacked_bytes, limits.archive_entries, limits.archive_path_bytes
                 ),
-                self.owner,
+                live.owner,
             )
             self._ensure_present(live)
+            await self._check_quota(live, extracted.bytes)
             await asyncio.to_thread(merge_tree, staging, live.workspace)
         finally:
             with contextlib.suppress(OSError):
@@ -349,15 +443,59 @@ class SandboxManager:
     # -- exec -------------------------------------------------------------------
 
     def _timeout(self, requested: float | None) -> float:
-        limits = self.settings.limits
         if requested is None:
-            return limits.exec_timeout_default
-        if requested > limits.exec_timeout_max:
+            return self.limits.exec_timeout_default
+        if requested > self.limits.exec_timeout_max:
             raise InvalidRequest(
-                f"timeout {requested:g} s is over the maximum of {limits.exec_timeout_max:g} s.",
-                errors=[{"field": "timeout", "message": f"at most {limits.exec_timeout_max:g}"}],
+                f"timeout {requested:g} s is over the maximum of "
+                f"{self.limits.exec_timeout_max:g} s.",
+                errors=[
+                    {"field": "timeout", "message": f"at most {self.limits.exec_timeout_max:g}"}
+                ],
             )
         return requested
+
+    def _rlimits(self, owner: Owner | None, asked: ExecLimits | None) -> bwrap.Rlimits:
+        configured = self.limits
+        values = {
+            "memory_bytes": configured.memory_bytes,
+            "processes": configured.processes,
+            "open_files": configured.open_files,
+            "file_bytes": configured.file_bytes,
+            "cpu_seconds": configured.cpu_seconds,
+        }
+        if asked is not None:
+            for key, value in asked.model_dump(exclude_none=True).items():
+                if value > values[key]:
+                    raise InvalidRequest(
+                        f"limits.{key} {value} is over the configured {values[key]}; "
+                        "a command may only ask for less.",
+                        errors=[{"field": f"limits.{key}", "message": f"at most {values[key]}"}],
+                    )
+                values[key] = value
+        return bwrap.Rlimits(
+            data_bytes=values["memory_bytes"],
+            open_files=values["open_files"],
+            file_bytes=values["file_bytes"],
+            cpu_seconds=values["cpu_seconds"],
+            # Never set for a shared uid: it would count processes outside the sandbox.
+            processes=values["processes"] if owner is not None else None,
+        )
+
+    def _placement_for(
+        self, workspace: Path, home: Path, toolchain: Toolchain, owner: Owner | None
+    ) -> Placement:
+        return Placement(
+            workspace=workspace,
+            home=home,
+            etc_dir=self.etc_dir,
+            toolchain=toolchain,
+            owner=owner,
+            bwrap=self.settings.bwrap,
+            seccomp_bpf=self.seccomp_bpf,
+            tmp_bytes=self.limits.tmp_bytes,
+            workspace_quota=self.limits.workspace_bytes,
+        )
 
     def _toolchain(self, language: Language) -> Toolchain:
         toolchain = self.toolchains[language]
@@ -371,136 +509,24 @@ class SandboxManager:
         live = self._get(sandbox_id)
         toolchain = self._toolchain(live.language)
         timeout = self._timeout(request.timeout)
-        limit = self.settings.limits.output_bytes
-        if request.test:
-            capture = Capture(
-                limit,
-                {
-                    "stdout": "command",
-                    "stderr": "command",
-                    "runner_stdout": "runner",
-                    "runner_stderr": "runner",
-                    "ctl": None,
-                },
+        rlimits = self._rlimits(live.owner, request.limits)
+        if self._running >= self.limits.concurrent_execs:
+            raise TooManyRequests(
+                f"{self._running} commands are already running (limits.concurrent_execs); "
+                "retry in a moment."
             )
-            proc = SandboxProcess(capture, ("runner_stdout", "runner_stderr", "ctl"))
-            steps = round(self.settings.limits.test_wait_seconds / _POLL_STEP)
-            fds = proc.fds
-            command = [
-                "/bin/bash",
-                "-c",
-                testsuite.SUPERVISOR,
-                "sandboxd-test",
-                request.command,
-                str(steps),
-                str(fds["runner_stdout"]),
-                str(fds["runner_stderr"]),
-                str(fds["ctl"]),
-                *toolchain.runner_argv,
-            ]
-        else:
-            capture = Capture(limit, {"stdout": "command", "stderr": "command"})
-            proc = SandboxProcess(capture)
-            command = ["/bin/sh", "-c", request.command]
-        spec = bwrap.SandboxSpec(
-            workspace=live.workspace,
-            home=live.home,
-            etc_dir=self.etc_dir,
-            toolchain=toolchain,
-            command=command,
-            drop_to=self.owner,
-            status_fd=proc.status_fd,
+        place = self._placement_for(live.workspace, live.home, toolchain, live.owner)
+        run = Execution(
+            place, request, rlimits, self.limits.output_bytes, self.limits.test_wait_seconds
         )
-        argv = bwrap.build_argv(spec, self.settings.bwrap)
-        live.running.add(proc)
+        live.running.add(run)
         live.last_exec_at = datetime.now(UTC)
+        self._running += 1
         try:
-            outcome = await proc.run(argv, timeout)
+            result = await run.run(timeout)
         finally:
-            live.running.discard(proc)
+            self._running -= 1
+            live.running.discard(run)
         if live.deleted:
             raise SandboxDeleted(f"The sandbox {live.id!r} was deleted while the command ran.")
-        streams = capture.streams
-        result = ExecResult(
-            output=capture.groups["command"].text(),
-            exit_code=outcome.exit_code,
-            stdout=streams["stdout"].text(),
-            stderr=streams["stderr"].text(),
-            duration_ms=round(outcome.duration * 1000, 3),
-            timed_out=outcome.timed_out,
-            truncated=capture.truncated,
-        )
-        if request.test:
-            result = _with_tests(result, capture, toolchain, outcome.timed_out)
         return result
-
-
-def _with_tests(
-    command: ExecResult, capture: Capture, toolchain: Toolchain, timed_out: bool
-) -> ExecResult:
-    """Split a test-mode run into the command's result and the runner's."""
-    ctl = capture.streams["ctl"].text().split()
-    runner_started = "runner-start" in ctl
-    runner_exit = _after(ctl, "runner-exit")
-    command_exit = _after(ctl, "command-exit")
-    runner_stdout = capture.streams["runner_stdout"].text()
-    runner_stderr = capture.streams["runner_stderr"].text()
-    runner_output = capture.groups["runner"].text()
-    counts = testsuite.PARSERS[toolchain.runner](runner_output, runner_exit)
-    tests = TestsResult(
-        runner=toolchain.runner,
-        command=toolchain.runner_display,
-        exit_code=runner_exit,
-        passed=counts.passed,
-        failed=counts.failed,
-        skipped=counts.skipped,
-        errors=counts.errors,
-        no_tests=counts.no_tests,
-        summary=_summary(counts.summary, toolchain, runner_started, runner_exit, runner_output),
-        output=runner_output,
-        stdout=runner_stdout,
-        stderr=runner_stderr,
-    )
-    own = CommandResult(
-        exit_code=command_exit,
-        still_running=runner_exit is not None and command_exit is None,
-        output=command.output,
-        stdout=command.stdout,
-        stderr=command.stderr,
-    )
-    return command.model_copy(
-        update={
-            "output": command.output + runner_output,
-            "stdout": command.stdout + runner_stdout,
-            "stderr": command.stderr + runner_stderr,
-            "exit_code": runner_exit if not timed_out else None,
-            "command": own,
-            "tests": tests,
-        }
-    )
-
-
-def _summary(
-    parsed: str | None,
-    toolchain: Toolchain,
-    started: bool,
-    exit_code: int | None,
-    output: str,
-) -> str | None:
-    if not started:
-        return "the time limit ran out before the tests started"
-    if exit_code == 127 or (exit_code and "No module named pytest" in output):
-        return f"{toolchain.runner} was not found in the sandbox: {toolchain.runner_hint}"
-    if exit_code is None:
-        return parsed or "the time limit ran out while the tests ran"
-    return parsed
-
-
-def _after(words: list[str], key: str) -> int | None:
-    for i, word in enumerate(words[:-1]):
-        if word == key:
-            try:
-                return int(words[i + 1])
-            except ValueError:
-                return None
-    return None

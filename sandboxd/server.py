@@ -48,6 +48,8 @@ STATUS: list[tuple[type[errors.SandboxdError], int]] = [
     (errors.MalformedBody, 400),
     (errors.UnsupportedMediaType, 415),
     (errors.PayloadTooLarge, 413),
+    (errors.QuotaExceeded, 413),
+    (errors.TooManyRequests, 429),
     (errors.ArchiveTooLarge, 413),
     (errors.InvalidArchive, 422),
     (errors.MissingFile, 400),
@@ -103,7 +105,10 @@ async def error_middleware(
     try:
         return await handler(request)
     except errors.SandboxdError as exc:
-        return problem_response(status_for(exc), exc.code, exc.title, exc.detail, exc.extra)
+        response = problem_response(status_for(exc), exc.code, exc.title, exc.detail, exc.extra)
+        if isinstance(exc, errors.TooManyRequests):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -290,7 +295,7 @@ async def status(request: web.Request) -> web.Response:
             data_dir=str(settings.data_dir),
             sandboxes=manager.count,
             running_commands=manager.running_commands,
-            sandbox_uid=manager.owner.uid if manager.owner else None,
+            isolation=manager.isolation(),
             limits=settings.limits.model_dump(),
         )
     )

@@ -122,6 +122,34 @@ def merge_tree(staging: Path, workspace: Path) -> None:
         _do_merge(src_fd, dst_fd)
 
 
+def disk_usage(path: Path) -> int:
+    """Bytes a tree takes on disk, walked by descriptor without following links."""
+    total = 0
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return 0
+    stack = [fd]
+    while stack:
+        dir_fd = stack.pop()
+        try:
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        with contextlib.suppress(OSError):
+                            stack.append(os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd))
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
+    return total
+
+
 def _make_removable(dir_fd: int) -> None:
     for entry in os.scandir(dir_fd):
         if entry.is_dir(follow_symlinks=False):
