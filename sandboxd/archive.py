@@ -8,10 +8,14 @@ headers, so a zip bomb stops at the limit.
 
 from __future__ import annotations
 
+import errno
+import lzma
 import os
 import re
 import stat
 import zipfile
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from sandboxd.errors import ArchiveTooLarge, InvalidArchive, UnsafePath
 from sandboxd.workspace import NAME_MAX, Owner
 
 _CHUNK = 1024 * 1024
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
@@ -108,16 +113,46 @@ def plan(zf: zipfile.ZipFile, limits: ArchiveLimits) -> list[Entry]:
     return entries
 
 
-def extract(archive: Path, staging: Path, limits: ArchiveLimits, owner: Owner | None) -> Extracted:
-    """Validate ``archive`` and write it out below ``staging`` (an empty folder of ours)."""
+# What a damaged or exotic archive raises while it is read (never while we write).
+_READ_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    NotImplementedError,
+    RuntimeError,
+    EOFError,
+    ValueError,
+    UnicodeDecodeError,
+    zlib.error,
+    lzma.LZMAError,
+    OSError,
+)
+
+
+def _open(archive: Path) -> zipfile.ZipFile:
     try:
-        zf = zipfile.ZipFile(archive)
+        return zipfile.ZipFile(archive)
     except zipfile.BadZipFile as exc:
         raise InvalidArchive(
             "The upload is not a zip archive. Zip the project from inside its folder "
             "(cd project && zip -r ../project.zip .) and send that file."
         ) from exc
-    with zf:
+    except _READ_ERRORS as exc:
+        raise InvalidArchive(f"The zip archive is damaged or unsupported: {exc}") from exc
+
+
+def _chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[bytes]:
+    """An entry's decompressed bytes; any failure to read it is the archive's fault."""
+    try:
+        with zf.open(info) as src:
+            while chunk := src.read(_CHUNK):
+                yield chunk
+    except _READ_ERRORS as exc:
+        raise InvalidArchive(f"Archive entry {info.filename!r} could not be read: {exc}") from exc
+
+
+def extract(archive: Path, staging: Path, limits: ArchiveLimits, owner: Owner | None) -> Extracted:
+    """Validate ``archive`` and write it out below ``staging`` (an empty folder of ours)."""
+    with _open(archive) as zf:
         entries = plan(zf, limits)
         total = 0
         count = 0
@@ -128,26 +163,18 @@ def extract(archive: Path, staging: Path, limits: ArchiveLimits, owner: Owner | 
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             executable = bool((info.external_attr >> 16) & 0o111)
-            mode = 0o755 if executable else 0o644
-            fd = os.open(
-                target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
-            )
+            fd = os.open(target, _CREATE_FLAGS, 0o755 if executable else 0o644)
             try:
-                with zf.open(info) as src:
-                    while chunk := src.read(_CHUNK):
-                        total += len(chunk)
-                        if total > limits.unpacked_bytes:
-                            raise ArchiveTooLarge(
-                                "The archive unpacks to more than "
-                                f"{limits.unpacked_bytes} bytes; nothing was extracted."
-                            )
-                        _write_all(fd, chunk)
-            except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError) as exc:
-                raise InvalidArchive(
-                    f"Archive entry {info.filename!r} could not be read: {exc}"
-                ) from exc
+                for chunk in _chunks(zf, info):
+                    total += len(chunk)
+                    if total > limits.unpacked_bytes:
+                        raise ArchiveTooLarge(
+                            "The archive unpacks to more than "
+                            f"{limits.unpacked_bytes} bytes; nothing was extracted."
+                        )
+                    _write_all(fd, chunk)
             except OSError as exc:
-                if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise ArchiveTooLarge("The disk is full; nothing was extracted.") from exc
                 raise
             finally:

@@ -66,7 +66,10 @@ class Counts:
     summary: str | None = None
 
 
-_PYTEST_SUMMARY = re.compile(r"^=+ (.+?) in [\d.]+s(?: \([^)]*\))? =+$")
+# The closing line, with "=" rules or (under -q) without them.
+_PYTEST_SUMMARY = re.compile(
+    r"^(?:=+ )?((?:\d+ \w+|no tests ran)(?:, \d+ \w+)*) in [\d.]+s(?: \([^)]*\))?(?: =+)?$"
+)
 _PYTEST_COUNT = re.compile(
     r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)"
 )
@@ -116,6 +119,9 @@ def parse_jest(output: str, exit_code: int | None) -> Counts:
                 counts.failed = n
             elif word in ("skipped", "todo"):
                 counts.skipped += n
+    # A suite that could not even load (syntax error, bad import) has no tests
+    # to count, but it is a failure: count it as an error, as pytest and go do.
+    counts.errors += output.count("Test suite failed to run")
     if "No tests found" in output:
         counts.no_tests = True
         counts.summary = counts.summary or "No tests found"
@@ -123,7 +129,7 @@ def parse_jest(output: str, exit_code: int | None) -> Counts:
 
 
 _GO_EVENT = re.compile(r"^\s*--- (PASS|FAIL|SKIP): ", re.MULTILINE)
-_GO_PACKAGE = re.compile(r"^(ok|FAIL|\?)\s+(\S+)", re.MULTILINE)
+_GO_PACKAGE = re.compile(r"^(ok|FAIL|\?)[ \t]+(\S+)", re.MULTILINE)
 
 
 def parse_go(output: str, exit_code: int | None) -> Counts:
