@@ -156,14 +156,11 @@ async def test_pip_install_persists_for_later_commands_and_tests(http):
     assert installed["exit_code"] == 0, installed["output"]
     later = await run(http, sid, "python -c 'import greeting; print(greeting.hello())'")
     assert later["stdout"] == "hi\n", later["output"]
-    async with http.post(
-        f"/v1/sandboxes/{sid}/files",
-        data=form_with_file(b"", "conftest.py"),
-    ) as r:
-        assert r.status == 201
     archive = _zip(
         {
-            "tests/test_greeting.py": "import greeting\n\ndef test_hi():\n    assert greeting.hello() == 'hi'\n"
+            "tests/test_greeting.py": (
+                "import greeting\n\ndef test_hi():\n    assert greeting.hello() == 'hi'\n"
+            )
         }
     )
     async with http.post(f"/v1/sandboxes/{sid}/upload", data=form_with_file(archive, "t.zip")) as r:
@@ -186,7 +183,9 @@ def _wheel(name: str, version: str, source: str) -> bytes:
     files = {
         f"{name}.py": source,
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n"
     files[f"{dist}/RECORD"] = record

@@ -27,7 +27,8 @@ libc.syscall.restype = ctypes.c_long
 BAD = ctypes.c_void_p(0x10)
 def sys_(nr, *args):
     ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    r = libc.syscall(ctypes.c_long(nr), *args)
     return "ok" if r != -1 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
 results = {
     "keyctl": sys_(250, 0, 0, 0, 0, 0),

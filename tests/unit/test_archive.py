@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import io
-import lzma
 import os
 import random
 import stat
 import struct
 import warnings
 import zipfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -436,8 +434,6 @@ def _corrupt_first_entry_data(data: bytes) -> bytes:
     for i in range(start, start + 16):
         out[i] ^= 0xFF
     return bytes(out)
-
-
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from sandboxd.testsuite import PARSERS, Counts, parse_go, parse_jest, parse_pytest
 
 # --------------------------------------------------------------------------- pytest
