@@ -11,9 +11,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandboxd import paths
+from sandboxd import listen, paths
 from sandboxd.models import Language
 
 MiB = 1024 * 1024
@@ -51,6 +51,23 @@ class ToolchainConfig(_Strict):
     executable: Path | None = Field(None, description="the language's main program")
 
 
+class Listen(_Strict):
+    """The listeners besides the Unix socket (which is always there)."""
+
+    tcp: str | None = Field(None, description="HOST:PORT for TCP mode; loopback only by default")
+    allow_remote: bool = Field(False, description="let tcp be a non-loopback address")
+    token_file: Path = Field(default_factory=paths.default_token_file)
+    # Host names (no port) accepted in TCP mode besides localhost, 127.0.0.1, [::1].
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("tcp")
+    @classmethod
+    def _valid_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            listen.parse_address(value)  # its ValueError names what is wrong
+        return value
+
+
 class Settings(_Strict):
     socket_path: Path = Field(default_factory=paths.default_socket_path)
     data_dir: Path = Field(default_factory=paths.default_data_dir)
@@ -65,6 +82,9 @@ class Settings(_Strict):
     toolchains: dict[Language, ToolchainConfig] = Field(default_factory=dict)
     # Provisioned test runners; shared by every data dir of the user.
     toolchains_dir: Path = Field(default_factory=paths.default_toolchains_dir)
+    listen: Listen = Field(default_factory=Listen)
+    # On SIGTERM: how long running commands may go on before they are killed.
+    shutdown_grace_seconds: float = Field(10.0, ge=0)
 
 
 class ConfigError(Exception):
@@ -80,7 +100,13 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from exc
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}  # --tcp overrides one key of [listen]
+        else:
+            data[key] = value
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

@@ -56,6 +56,11 @@ def default_config_file() -> Path:
     return Path(platformdirs.user_config_dir(APP, appauthor=False)) / "config.toml"
 
 
+def default_token_file() -> Path:
+    """The bearer token of TCP mode: beside the config file, so it survives reboots."""
+    return default_config_file().parent / "token"
+
+
 def default_log_file(runtime: Path) -> Path:
     """Where `sandboxd start` sends the background daemon's stderr."""
     return runtime / f"{APP}.log"

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ValidationError
 
-from sandboxd import __version__, errors, toolchains
+from sandboxd import __version__, errors, logs, netguard, toolchains
 from sandboxd.config import Settings
 from sandboxd.models import (
     ALLOWED_LANGUAGES,
@@ -35,6 +35,21 @@ log = logging.getLogger("sandboxd.server")
 MANAGER = web.AppKey("manager", SandboxManager)
 SETTINGS = web.AppKey("settings", Settings)
 STARTED = web.AppKey("started", float)
+
+
+class LiveSettings:
+    """The settings in force. SIGHUP swaps them; a running app's own state is frozen."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.current = settings
+
+
+LIVE_SETTINGS = web.AppKey("live_settings", LiveSettings)
+
+
+def settings_of(app: web.Application) -> Settings:
+    return app[LIVE_SETTINGS].current
+
 
 _CHUNK = 256 * 1024
 
@@ -187,7 +202,7 @@ async def file_part(request: web.Request) -> BodyPartReader:
             "Send the file as a multipart form upload (curl -F file=@path), "
             f"not {request.content_type!r}."
         )
-    limit = request.app[SETTINGS].limits.upload_bytes
+    limit = settings_of(request.app).limits.upload_bytes
     if request.content_length is not None and request.content_length > limit + 64 * 1024:
         raise errors.PayloadTooLarge(
             f"The upload declares {request.content_length} bytes; the limit is {limit} bytes."
@@ -229,7 +244,9 @@ routes = web.RouteTableDef()
 @routes.post("/v1/sandboxes")
 async def create_sandbox(request: web.Request) -> web.Response:
     body = await parse_json(request, CreateSandboxRequest, allow_empty=True)
-    return json_response(request.app[MANAGER].create(body), 201)
+    sandbox = request.app[MANAGER].create(body)
+    request[logs.SANDBOX_ID] = sandbox.id
+    return json_response(sandbox, 201)
 
 
 @routes.get("/v1/sandboxes")
@@ -285,7 +302,7 @@ async def version(request: web.Request) -> web.Response:
 @routes.get("/v1/status")
 async def status(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
-    settings = request.app[SETTINGS]
+    settings = settings_of(request.app)
     return json_response(
         DaemonStatus(
             version=__version__,
@@ -301,11 +318,19 @@ async def status(request: web.Request) -> web.Response:
     )
 
 
-def create_app(settings: Settings, manager: SandboxManager | None = None) -> web.Application:
+def create_app(
+    settings: Settings,
+    manager: SandboxManager | None = None,
+    *,
+    tcp_guard: netguard.TcpGuard | None = None,
+) -> web.Application:
+    """The app. With ``tcp_guard``, requests that arrive over TCP must pass its checks."""
     app = web.Application(
-        middlewares=[error_middleware], client_max_size=settings.limits.json_body_bytes
+        middlewares=[netguard.middleware(tcp_guard), error_middleware],
+        client_max_size=settings.limits.json_body_bytes,
     )
     app[SETTINGS] = settings
+    app[LIVE_SETTINGS] = LiveSettings(settings)
     app[MANAGER] = manager or SandboxManager(settings, toolchains.detect(settings))
     app[STARTED] = time.monotonic()
 
