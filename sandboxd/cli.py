@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from sandboxd import __version__, daemon, toolchains
+from sandboxd import __version__, daemon, doctor, listen, logs, paths, toolchains
 from sandboxd.client import ClientError, NotRunning, call
 from sandboxd.config import ConfigError, Settings, load_settings
 
 
+def _load(obj: dict[str, Any]) -> Settings:
+    """The settings: defaults, the config file, then the command line. Raises ConfigError."""
+    listen_overrides = {
+        key: obj[key] for key in ("tcp", "allow_remote") if obj.get(key) not in (None, False)
+    }
+    return load_settings(
+        obj["config"],
+        socket_path=obj["socket"],
+        data_dir=obj["data_dir"],
+        listen=listen_overrides or None,
+    )
+
+
 def _settings(ctx: click.Context) -> Settings:
-    obj: dict[str, Any] = ctx.obj
     try:
-        return load_settings(obj["config"], socket_path=obj["socket"], data_dir=obj["data_dir"])
+        return _load(ctx.obj)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
 
@@ -63,18 +74,44 @@ def main(
     ctx.obj = {"socket": socket, "data_dir": data_dir, "config": config, "log_level": log_level}
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_tcp(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            listen.parse_address(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def _listen_options(command: F) -> F:
+    command = click.option(
+        "--allow-remote",
+        is_flag=True,
+        help="Let --tcp listen on an address other machines can reach (not recommended).",
+    )(command)
+    return click.option(
+        "--tcp",
+        metavar="HOST:PORT",
+        callback=_check_tcp,
+        help="Also listen on TCP, loopback only, every request needing the bearer token "
+        "[default: listen.tcp in the config file, else off].",
+    )(command)
+
+
 @main.command()
+@_listen_options
 @click.pass_context
-def serve(ctx: click.Context) -> None:
+def serve(ctx: click.Context, tcp: str | None, allow_remote: bool) -> None:
     """Run the daemon in the foreground (logs go to stderr)."""
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=ctx.obj["log_level"].upper(),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(ctx.obj["log_level"])
+    ctx.obj.update(tcp=tcp, allow_remote=allow_remote)
     settings = _settings(ctx)
+    obj = dict(ctx.obj)
     try:
-        daemon.serve(settings)
+        daemon.serve(settings, load=lambda: _load(obj))
     except daemon.DaemonStartError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -89,16 +126,23 @@ def _forwarded_args(ctx: click.Context) -> list[str]:
 
 
 @main.command()
+@_listen_options
 @click.pass_context
-def start(ctx: click.Context) -> None:
+def start(ctx: click.Context, tcp: str | None, allow_remote: bool) -> None:
     """Start the daemon in the background; return once it accepts connections."""
+    ctx.obj.update(tcp=tcp, allow_remote=allow_remote)
     settings = _settings(ctx)
+    serve_args = (["--tcp", tcp] if tcp else []) + (["--allow-remote"] if allow_remote else [])
     try:
         daemon.preflight(settings)
-        pid = daemon.start_background(settings, _forwarded_args(ctx))
+        pid = daemon.start_background(settings, _forwarded_args(ctx), serve_args)
     except daemon.DaemonStartError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"sandboxd started (pid {pid}), listening on {settings.socket_path}")
+    if settings.listen.tcp:
+        click.echo(
+            f"  and on TCP {settings.listen.tcp}; the token is in {settings.listen.token_file}"
+        )
 
 
 @main.command()
@@ -144,6 +188,31 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"  {key}: {value}")
     for key, value in info["limits"].items():
         click.echo(f"  limit {key}: {value}")
+
+
+@main.command("doctor")
+@click.pass_context
+def doctor_cmd(ctx: click.Context) -> None:
+    """Check what sandboxd needs from this machine. Exit status 1 if anything fails."""
+    try:
+        settings = _load(ctx.obj)
+        config_ok = True
+        config = ctx.obj["config"] or paths.default_config_file()
+        shown = str(config) if config.exists() else f"defaults (there is no {config})"
+        click.echo(f"ok    config: {shown}")
+    except ConfigError as exc:
+        click.echo(f"fail  config: {exc}")
+        click.echo("      fix: correct the key named above (see CONFIGURATION in sandboxd(1))")
+        # Go on with the defaults and the command line: the rest still says something.
+        settings = _load({**ctx.obj, "config": Path("/dev/null")})
+        config_ok = False
+    failed = not config_ok
+    for check in doctor.run(settings):
+        for line in check.lines():
+            click.echo(line)
+        failed = failed or check.level is doctor.Level.fail
+    if failed:
+        ctx.exit(1)
 
 
 @main.group("toolchains", invoke_without_command=True)

@@ -14,7 +14,6 @@ the daemon behaves the same by hand, under `sandboxd start` and in tests.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -114,9 +113,3 @@ class Notifier:
 
     def status(self, status: str) -> bool:
         return self.notify(f"STATUS={status}")
-
-
-def close_quietly(sockets: list[socket.socket]) -> None:
-    for sock in sockets:
-        with contextlib.suppress(OSError):
-            sock.close()
