@@ -106,6 +106,8 @@ def etc_file_contents() -> dict[str, str]:
         ),
         "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
         "hosts": f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n::1\tlocalhost ip6-localhost\n",
+        # slirp4netns's built-in DNS forwarder.
+        "resolv.conf": "nameserver 10.0.2.3\n",
     }
 
 
@@ -152,7 +154,39 @@ class SandboxSpec:
     # swapped for a symlink cannot redirect the bind.
     workspace_fd: int | None = None
     tmp_bytes: int = 512 * 1024 * 1024
+    # With network: bwrap waits on this descriptor until the network helper
+    # has configured the sandbox's interface, and /etc/resolv.conf is bound.
+    block_fd: int | None = None
+    network: bool = False
+    cwd: str = WORKSPACE
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def slirp4netns_argv(
+    binary: str, child_pid: int, ready_fd: int, userns_fd: int, drop_to: Owner | None = None
+) -> list[str]:
+    """The user-mode network stack for a sandbox created with network access.
+
+    Outbound traffic only: --disable-host-loopback keeps the host's 127.0.0.1
+    (and so the daemon and local services) out of reach. The helper runs as
+    the sandbox's own uid, so it holds no right the sandbox lacks. (slirp4netns
+    1.2's --enable-sandbox and --enable-seccomp make its setns() fail when it
+    is not root, so they are not used.) ``userns_fd`` is the user namespace that
+    owns the sandbox's network namespace: with --disable-userns the sandbox's
+    processes sit in a nested one, which would not let the helper in.
+    """
+    prefix = privilege_drop(drop_to) if drop_to else []
+    return [
+        *prefix,
+        binary,
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        f"--ready-fd={ready_fd}",
+        f"--userns-path=/proc/self/fd/{userns_fd}",
+        str(child_pid),
+        "tap0",
+    ]
 
 
 def privilege_drop(owner: Owner) -> list[str]:
@@ -173,7 +207,7 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     yield Value("--tmpfs", "/tmp")
     yield Value("--size", str(min(spec.tmp_bytes, 64 * 1024 * 1024)))
     yield Value("--tmpfs", "/dev/shm")
-    for name in ETC_FILES:
+    for name in (*ETC_FILES, *(("resolv.conf",) if spec.network else ())):
         yield Mount("--ro-bind", str(spec.etc_dir / name), f"/etc/{name}")
     for source, dest in spec.toolchain.ro_binds:
         yield Mount("--ro-bind", source, dest)
@@ -185,7 +219,7 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     else:
         yield Mount("--bind", str(spec.workspace), WORKSPACE)
     yield Mount("--bind", str(spec.home), HOME)
-    yield Value("--chdir", WORKSPACE)
+    yield Value("--chdir", spec.cwd)
     env = {
         "PATH": spec.toolchain.search_path,
         "HOME": HOME,
@@ -204,6 +238,8 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
         yield Value("--seccomp", str(spec.seccomp_fd))
     if spec.status_fd is not None:
         yield Value("--json-status-fd", str(spec.status_fd))
+    if spec.block_fd is not None:
+        yield Value("--block-fd", str(spec.block_fd))
 
 
 def bwrap_options(spec: SandboxSpec) -> list[str]:

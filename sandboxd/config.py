@@ -72,6 +72,8 @@ class Settings(_Strict):
     socket_path: Path = Field(default_factory=paths.default_socket_path)
     data_dir: Path = Field(default_factory=paths.default_data_dir)
     bwrap: str = "bwrap"
+    # The user-mode network stack for sandboxes created with "network": true.
+    slirp4netns: str = "slirp4netns"
     # When the daemon is root, each sandbox's code runs as a host uid (and gid)
     # of its own from this range, never as root, so that one sandbox's
     # processes count against its own RLIMIT_NPROC, not another's.

@@ -114,3 +114,23 @@ class TooManyRequests(SandboxdError):
     def __init__(self, detail: str, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class NetworkUnavailable(SandboxdError):
+    code = "network_unavailable"
+    title = "Network access cannot be given on this host"
+
+
+class NotAFolder(SandboxdError):
+    code = "not_a_folder"
+    title = "No such folder in the workspace"
+
+
+class FileNotInWorkspace(SandboxdError):
+    code = "file_not_found"
+    title = "No such file in the workspace"
+
+
+class NotAFile(SandboxdError):
+    code = "not_a_file"
+    title = "The path is not a regular file"

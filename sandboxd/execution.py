@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxd import bwrap, testsuite
+from sandboxd.errors import SandboxSetupFailed
 from sandboxd.models import CommandResult, ExecRequest, ExecResult, TestsResult
 from sandboxd.runner import Capture, Outcome, SandboxProcess
 from sandboxd.toolchains import Toolchain
-from sandboxd.workspace import Owner, disk_usage
+from sandboxd.workspace import Owner, disk_usage, resolve_folder
 
 _POLL_STEP = 0.05  # the supervisor's wait granularity, in seconds
 _QUOTA_CHECK_SECONDS = 1.0
 _TEST_STREAMS = ("runner_stdout", "runner_stderr", "ctl")
+_NETWORK_ATTEMPTS = 100
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,24 @@ class Placement:
     seccomp_bpf: bytes | None
     tmp_bytes: int
     workspace_quota: int
+    network: bool = False
+    slirp4netns: str = "slirp4netns"
+
+
+NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
+
+
+def _owning_userns(pid: int) -> int:
+    """A descriptor of the user namespace bwrap created for the sandbox.
+
+    The sandbox's processes live in a nested one (--disable-userns makes it),
+    whose parent owns the network namespace.
+    """
+    nested = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return fcntl.ioctl(nested, NS_GET_PARENT)
+    finally:
+        os.close(nested)
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -60,12 +81,14 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 @contextlib.contextmanager
-def _descriptors(place: Placement) -> Iterator[dict[str, int]]:
+def _descriptors(place: Placement, stdin: str | None) -> Iterator[dict[str, int]]:
     fds: dict[str, int] = {}
     try:
         fds["workspace"] = os.open(place.workspace, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         if place.seccomp_bpf is not None:
             fds["seccomp"] = _memfd("sandboxd-seccomp", place.seccomp_bpf)
+        if stdin is not None:
+            fds["stdin"] = _memfd("sandboxd-stdin", stdin.encode())
         yield fds
     finally:
         for fd in fds.values():
@@ -91,6 +114,9 @@ class Execution:
         self.proc = SandboxProcess(self.capture, _TEST_STREAMS if request.test else ())
         self._steps = round(test_wait_seconds / _POLL_STEP)
         self.quota_exceeded = False
+        self._network_error: str | None = None
+        # Checked before anything runs: a folder inside the workspace, no links.
+        self.cwd = resolve_folder(place.workspace, request.cwd) if request.cwd else ()
 
     def kill(self) -> None:
         self.proc.kill()
@@ -121,9 +147,80 @@ class Execution:
                 self.proc.kill()
                 return
 
+    async def _start_network_helper(
+        self, pid: int
+    ) -> tuple[asyncio.subprocess.Process, bytes, str]:
+        """Start slirp4netns once; return it, what it said on --ready-fd, and its errors."""
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        userns = _owning_userns(pid)
+        try:
+            argv = bwrap.slirp4netns_argv(
+                self.place.slirp4netns, pid, ready_w, userns, self.place.owner
+            )
+            helper = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=[ready_w, userns],
+                env={},
+            )
+            os.close(ready_w)
+            ready_w = -1
+            ready = await asyncio.wait_for(asyncio.to_thread(os.read, ready_r, 1), 10)
+        finally:
+            os.close(ready_r)
+            os.close(userns)
+            if ready_w != -1:
+                os.close(ready_w)
+        err = ""
+        if ready != b"1" and helper.stderr is not None:
+            with contextlib.suppress(TimeoutError):
+                err = (await asyncio.wait_for(helper.stderr.read(), 2)).decode(errors="replace")
+        return helper, ready, err.strip()
+
+    async def _attach_network(self, release_fd: int) -> None:
+        """Give the sandbox its network, then let bwrap run the command.
+
+        bwrap waits on ``--block-fd`` after building the namespaces; slirp4netns
+        joins the sandbox's network namespace through its PID 1 and says when
+        tap0 is configured. bwrap reports the PID a moment before the child has
+        finished setting up its user namespace, so joining can fail with EPERM
+        at first: that is retried briefly. On any other failure the sandbox is
+        killed before the block is released, so the command never runs
+        half-connected.
+        """
+        helper: asyncio.subprocess.Process | None = None
+        try:
+            pid = await self.proc.child_pid
+            for _ in range(_NETWORK_ATTEMPTS):
+                helper, ready, err = await self._start_network_helper(pid)
+                if ready == b"1":
+                    break
+                await helper.wait()
+                if "setns" not in err or "Operation not permitted" not in err:
+                    raise OSError(err or "no network came up")
+                await asyncio.sleep(0.01)
+            else:
+                raise OSError(err or "no network came up")
+            os.write(release_fd, b"1")
+            await asyncio.Event().wait()  # keep the helper until the command ends
+        except (OSError, TimeoutError) as exc:
+            self._network_error = f"slirp4netns failed: {exc}"
+            self.proc.kill()
+        finally:
+            os.close(release_fd)
+            if helper is not None and helper.returncode is None:
+                helper.kill()
+                await helper.wait()
+
     async def run(self, timeout: float) -> ExecResult:
         place = self.place
-        with _descriptors(place) as fds:
+        with _descriptors(place, self.request.stdin) as fds:
+            attach: asyncio.Task[None] | None = None
+            if place.network:
+                fds["block"], release_fd = os.pipe()
+                attach = asyncio.create_task(self._attach_network(release_fd))
             spec = bwrap.SandboxSpec(
                 workspace=place.workspace,
                 home=place.home,
@@ -136,14 +233,26 @@ class Execution:
                 seccomp_fd=fds.get("seccomp"),
                 workspace_fd=fds["workspace"],
                 tmp_bytes=place.tmp_bytes,
+                block_fd=fds.get("block"),
+                network=place.network,
+                cwd="/".join((bwrap.WORKSPACE, *self.cwd)),
+                extra_env=dict(self.request.env),
             )
             fds["args"] = _memfd("sandboxd-args", bwrap.encode_args(bwrap.bwrap_options(spec)))
             argv = bwrap.build_argv(spec, place.bwrap, args_fd=fds["args"])
             watcher = asyncio.create_task(self._watch_quota())
             try:
-                outcome = await self.proc.run(argv, timeout, pass_fds=list(fds.values()))
+                outcome = await self.proc.run(
+                    argv, timeout, pass_fds=list(fds.values()), stdin=fds.get("stdin")
+                )
             finally:
                 watcher.cancel()
+                if attach is not None:
+                    attach.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await attach
+        if self._network_error:
+            raise SandboxSetupFailed(self._network_error)
         return self._result(outcome)
 
     def _result(self, outcome: Outcome) -> ExecResult:

@@ -31,6 +31,7 @@ class _Request(BaseModel):
 
 class CreateSandboxRequest(_Request):
     language: Language = Language.python
+    network: bool = False
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
 
 
@@ -47,11 +48,20 @@ class ExecLimits(_Request):
     cpu_seconds: PositiveInt | None = None
 
 
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, StringConstraints(max_length=32768, pattern=r"^[^\x00]*$")]
+
+
 class ExecRequest(_Request):
     command: Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$")]
     test: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
     limits: ExecLimits | None = None
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256)
+    cwd: Annotated[str, StringConstraints(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
+        None, description="a folder inside the workspace, relative to it (or under /workspace)"
+    )
+    stdin: str | None = Field(None, description="text fed to the command's standard input")
 
 
 class SandboxStatus(StrEnum):
@@ -66,6 +76,7 @@ class Sandbox(BaseModel):
     status: SandboxStatus
     created_at: datetime
     labels: dict[str, str] = Field(default_factory=dict)
+    network: bool = False
     workspace: str = Field(description="host path of the workspace folder")
     running_commands: int = 0
     last_exec_at: datetime | None = None
@@ -75,8 +86,22 @@ class SandboxList(BaseModel):
     sandboxes: list[Sandbox]
 
 
+class FileEntry(BaseModel):
+    path: str = Field(description="relative to the workspace")
+    type: str = Field(description="file, dir, symlink or other")
+    size: int
+    mtime: datetime
+
+
+class FileList(BaseModel):
+    path: str
+    entries: list[FileEntry]
+    truncated: bool = Field(False, description="more entries exist than were listed")
+
+
 class FileUploaded(BaseModel):
     filename: str
+    path: str = Field("", description="where it landed, relative to the workspace")
     size: int
 
 

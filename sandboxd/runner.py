@@ -139,6 +139,9 @@ class SandboxProcess:
         for name in (*extra_streams, "_status"):
             self._pipes[name] = os.pipe2(os.O_CLOEXEC)
         self._status = bytearray()
+        # Resolved with the sandbox's PID 1 (as the host sees it) once bwrap
+        # reports it: what a network helper needs to join the namespaces.
+        self.child_pid: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._transport: asyncio.SubprocessTransport | None = None
         self._killed = False
 
@@ -160,6 +163,14 @@ class SandboxProcess:
             except ProcessLookupError:
                 pass
 
+    def _on_status(self, data: bytes) -> None:
+        self._status.extend(data)
+        if not self.child_pid.done():
+            for doc in _parse_status(bytes(self._status)):
+                if "child-pid" in doc:
+                    self.child_pid.set_result(int(doc["child-pid"]))
+                    break
+
     def _close_all(self) -> None:
         for r, w in self._pipes.values():
             for fd in (r, w):
@@ -170,7 +181,11 @@ class SandboxProcess:
         self._pipes.clear()
 
     async def run(
-        self, argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()
+        self,
+        argv: Sequence[str],
+        timeout: float,
+        pass_fds: Sequence[int] = (),
+        stdin: int | None = None,
     ) -> Outcome:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -182,7 +197,7 @@ class SandboxProcess:
             transport, _ = await loop.subprocess_exec(
                 lambda: _StdioProtocol(self.capture, stdio_done),
                 *argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=write_fds,
@@ -199,7 +214,7 @@ class SandboxProcess:
                 os.close(w)
                 done: asyncio.Future[None] = loop.create_future()
                 waits.append(done)
-                sink = self._status.extend if name == "_status" else _feeder(self.capture, name)
+                sink = self._on_status if name == "_status" else _feeder(self.capture, name)
                 pipe = os.fdopen(r, "rb", buffering=0)
                 reader, _ = await loop.connect_read_pipe(_protocol_factory(sink, done), pipe)
                 readers.append(reader)
@@ -223,6 +238,8 @@ class SandboxProcess:
                 reader.close()
             transport.close()
             self._close_all()
+            if not self.child_pid.done():
+                self.child_pid.cancel()
         duration = time.monotonic() - started
         status = _parse_status(bytes(self._status))
         returncode = transport.get_returncode()

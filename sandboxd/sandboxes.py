@@ -25,18 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandboxd import archive, bwrap, seccomp
+from sandboxd import archive, bwrap, files, seccomp
 from sandboxd.config import Settings
 from sandboxd.errors import (
     InvalidRequest,
+    NetworkUnavailable,
     PayloadTooLarge,
     QuotaExceeded,
     SandboxDeleted,
@@ -53,6 +56,8 @@ from sandboxd.models import (
     ExecLimits,
     ExecRequest,
     ExecResult,
+    FileEntry,
+    FileList,
     FileUploaded,
     Language,
     Sandbox,
@@ -65,10 +70,12 @@ from sandboxd.workspace import (
     install_file,
     merge_tree,
     remove_tree,
+    split_path,
     validate_filename,
 )
 
 RECORD = "sandbox.json"
+_LIST_LIMIT = 100_000  # entries in one listing; more is reported as truncated
 
 
 @dataclass
@@ -81,6 +88,7 @@ class _Live:
     labels: dict[str, str]
     root: Path
     owner: Owner | None
+    network: bool = False
     running: set[Execution] = field(default_factory=set)
     last_exec_at: datetime | None = None
     deleted: bool = False
@@ -110,6 +118,7 @@ class _Live:
             status=status,
             created_at=self.created_at,
             labels=self.labels,
+            network=self.network,
             workspace=str(self.workspace),
             running_commands=len(self.running),
             last_exec_at=self.last_exec_at,
@@ -121,6 +130,7 @@ class _Live:
             "language": self.language.value,
             "created_at": self.created_at.isoformat(),
             "labels": self.labels,
+            "network": self.network,
         }
         if self.owner is not None:
             data["uid"] = self.owner.uid
@@ -199,6 +209,7 @@ class SandboxManager:
                 labels=dict(raw.get("labels", {})),
                 root=root,
                 owner=Owner(int(uid), int(uid)) if uid is not None else None,
+                network=bool(raw.get("network", False)),
             )
         except (OSError, ValueError, KeyError, TypeError):
             # Not ours or damaged: leave it for a person to look at, do not guess.
@@ -302,7 +313,8 @@ class SandboxManager:
             if self.as_root
             else "none (RLIMIT_NPROC would count your own processes; run as root)",
             "seccomp": "on" if self.seccomp_bpf is not None else "OFF (seccomp = false)",
-            "network": "none",
+            "network": "none, or outbound-only through slirp4netns for sandboxes "
+            'created with "network": true',
         }
 
     def _check_open(self) -> None:
@@ -317,6 +329,11 @@ class SandboxManager:
                 "delete some first.",
                 retry_after=60,
             )
+        if request.network and shutil.which(self.settings.slirp4netns) is None:
+            raise NetworkUnavailable(
+                f"A sandbox with network access needs {self.settings.slirp4netns}, which is "
+                "not installed: sudo apt-get install slirp4netns (or create it without network)."
+            )
         owner = self._allocate_owner()
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         live = _Live(
@@ -326,6 +343,7 @@ class SandboxManager:
             dict(request.labels),
             self.sandboxes_dir / sandbox_id,
             owner,
+            request.network,
         )
         staging = self.sandboxes_dir / f".new-{sandbox_id}"
         try:
@@ -397,22 +415,64 @@ class SandboxManager:
             raise SandboxNotFound(f"The sandbox {live.id!r} was deleted during the upload.")
 
     async def put_file(
-        self, sandbox_id: str, filename: str | None, chunks: AsyncIterator[bytes]
+        self,
+        sandbox_id: str,
+        filename: str | None,
+        chunks: AsyncIterator[bytes],
+        folder: str | None = None,
     ) -> FileUploaded:
         self._check_open()
         live = self._get(sandbox_id)
         name = validate_filename(filename)
+        parts = split_path(folder) if folder else ()
         path = await self._receive(live, chunks)
         try:
             self._ensure_present(live)
             size = path.stat().st_size
             await self._check_quota(live, size)
             os.chmod(path, 0o644)
-            install_file(path, live.workspace, name)
+            install_file(path, live.workspace, name, parts, live.owner)
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()
-        return FileUploaded(filename=name, size=size)
+        return FileUploaded(filename=name, path="/".join((*parts, name)), size=size)
+
+    # -- reading back out --------------------------------------------------------
+
+    async def list_files(self, sandbox_id: str, folder: str, recursive: bool) -> FileList:
+        live = self._get(sandbox_id)
+        parts = split_path(folder)
+        entries, truncated = await asyncio.to_thread(
+            files.list_folder, live.workspace, parts, recursive, _LIST_LIMIT
+        )
+        return FileList(
+            path="/".join(parts),
+            entries=[FileEntry(**vars(e)) for e in entries],
+            truncated=truncated,
+        )
+
+    def open_file(self, sandbox_id: str, path: str) -> tuple[int, int, str]:
+        """An open descriptor of a workspace file, its size and its name."""
+        live = self._get(sandbox_id)
+        parts = split_path(path)
+        fd, size = files.open_file(live.workspace, parts)
+        return fd, size, parts[-1]
+
+    async def delete_file(self, sandbox_id: str, path: str) -> None:
+        live = self._get(sandbox_id)
+        await asyncio.to_thread(files.remove, live.workspace, split_path(path))
+
+    async def archive(self, sandbox_id: str) -> tuple[int, int]:
+        """The workspace as a zip: an open descriptor of an already unlinked file, its size."""
+        live = self._get(sandbox_id)
+        out = live.tmp / f"archive-{secrets.token_hex(8)}.zip"
+        try:
+            await asyncio.to_thread(files.zip_workspace, live.workspace, out)
+            fd = os.open(out, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            with contextlib.suppress(OSError):
+                out.unlink()
+        return fd, os.fstat(fd).st_size
 
     async def put_archive(self, sandbox_id: str, chunks: AsyncIterator[bytes]) -> ArchiveUploaded:
         self._check_open()
@@ -516,6 +576,8 @@ class SandboxManager:
                 "retry in a moment."
             )
         place = self._placement_for(live.workspace, live.home, toolchain, live.owner)
+        if live.network:
+            place = dataclasses.replace(place, network=True, slirp4netns=self.settings.slirp4netns)
         run = Execution(
             place, request, rlimits, self.limits.output_bytes, self.limits.test_wait_seconds
         )

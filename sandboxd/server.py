@@ -8,11 +8,14 @@ error class to HTTP status.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import mimetypes
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ValidationError
@@ -70,7 +73,11 @@ STATUS: list[tuple[type[errors.SandboxdError], int]] = [
     (errors.MissingFile, 400),
     (errors.UnsafePath, 400),
     (errors.PathConflict, 409),
+    (errors.NotAFolder, 422),
+    (errors.NotAFile, 422),
+    (errors.FileNotInWorkspace, 404),
     (errors.ToolchainMissing, 503),
+    (errors.NetworkUnavailable, 503),
     (errors.ShuttingDown, 503),
     (errors.SandboxSetupFailed, 500),
     (errors.SandboxdError, 500),
@@ -195,8 +202,27 @@ async def parse_json(request: web.Request, model: type[M], allow_empty: bool = F
         raise errors.InvalidRequest(detail, errors=field_errors) from None
 
 
-async def file_part(request: web.Request) -> BodyPartReader:
-    """The multipart part named 'file', after checking type and declared size."""
+_FIELD_BYTES = 4096  # a text form field beside the file (path)
+
+
+async def _text_field(part: BodyPartReader) -> str:
+    data = b""
+    while chunk := await part.read_chunk(_FIELD_BYTES + 1):
+        data += chunk
+        if len(data) > _FIELD_BYTES:
+            raise errors.PayloadTooLarge(
+                f"The form field {part.name!r} is longer than {_FIELD_BYTES} bytes."
+            )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise errors.MalformedBody(f"The form field {part.name!r} is not UTF-8.") from None
+
+
+async def file_part(request: web.Request) -> tuple[BodyPartReader, dict[str, str]]:
+    """The multipart part named 'file', after checking type and declared size,
+    and the text fields sent before it (``path``)."""
+    fields: dict[str, str] = {}
     if request.content_type != "multipart/form-data":
         raise errors.UnsupportedMediaType(
             "Send the file as a multipart form upload (curl -F file=@path), "
@@ -214,7 +240,10 @@ async def file_part(request: web.Request) -> BodyPartReader:
             if part is None:
                 break
             if isinstance(part, BodyPartReader) and part.name == "file":
-                return part
+                return part, fields
+            if isinstance(part, BodyPartReader) and part.name == "path":
+                fields["path"] = await _text_field(part)
+                continue
             # Other fields are read and dropped, within the same limit.
             await part.release()
     except (ValueError, AssertionError) as exc:
@@ -270,9 +299,69 @@ async def upload_file(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     sandbox_id = request.match_info["id"]
     manager.get(sandbox_id)  # 404 before reading any of the body
-    part = await file_part(request)
-    result = await manager.put_file(sandbox_id, part.filename, chunks_of(part))
+    part, fields = await file_part(request)
+    result = await manager.put_file(
+        sandbox_id, part.filename, chunks_of(part), folder=fields.get("path")
+    )
     return json_response(result, 201)
+
+
+@routes.get("/v1/sandboxes/{id}/files")
+async def list_files(request: web.Request) -> web.Response:
+    recursive = request.query.get("recursive", "false").lower()
+    if recursive not in ("true", "false", "1", "0"):
+        raise errors.InvalidRequest(
+            "recursive must be true or false.",
+            errors=[{"field": "recursive", "message": "true or false"}],
+        )
+    listing = await request.app[MANAGER].list_files(
+        request.match_info["id"], request.query.get("path", ""), recursive in ("true", "1")
+    )
+    return json_response(listing)
+
+
+async def _stream_fd(
+    request: web.Request, fd: int, size: int, content_type: str, filename: str
+) -> web.StreamResponse:
+    """Send an open file, chunk by chunk, then close it."""
+    loop = asyncio.get_running_loop()
+    try:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": content_type,
+                "Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}",
+            }
+        )
+        response.content_length = size
+        await response.prepare(request)
+        while chunk := await loop.run_in_executor(None, os.read, fd, _CHUNK):
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+    finally:
+        os.close(fd)
+
+
+@routes.get("/v1/sandboxes/{id}/files/{path:.+}")
+async def download_file(request: web.Request) -> web.StreamResponse:
+    fd, size, name = request.app[MANAGER].open_file(
+        request.match_info["id"], request.match_info["path"]
+    )
+    content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return await _stream_fd(request, fd, size, content_type, name)
+
+
+@routes.delete("/v1/sandboxes/{id}/files/{path:.+}")
+async def delete_file(request: web.Request) -> web.Response:
+    await request.app[MANAGER].delete_file(request.match_info["id"], request.match_info["path"])
+    return web.Response(status=204)
+
+
+@routes.get("/v1/sandboxes/{id}/archive")
+async def download_archive(request: web.Request) -> web.StreamResponse:
+    sandbox_id = request.match_info["id"]
+    fd, size = await request.app[MANAGER].archive(sandbox_id)
+    return await _stream_fd(request, fd, size, "application/zip", f"{sandbox_id}.zip")
 
 
 @routes.post("/v1/sandboxes/{id}/upload")
@@ -280,7 +369,7 @@ async def upload_archive(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     sandbox_id = request.match_info["id"]
     manager.get(sandbox_id)
-    part = await file_part(request)
+    part, _ = await file_part(request)
     result = await manager.put_archive(sandbox_id, chunks_of(part))
     return json_response(result, 201)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 SUPERVISOR = r"""
 cmd=$1 steps=$2 rout=$3 rerr=$4 ctl=$5
 shift 5
-/bin/sh -c "$cmd" </dev/null {rout}>&- {rerr}>&- {ctl}>&- &
+/bin/sh -c "$cmd" <&0 {rout}>&- {rerr}>&- {ctl}>&- &
 pid=$!
 others_alive() {
   local p n line

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxd.errors import PathConflict, UnsafePath
+from sandboxd.errors import NotAFolder, PathConflict, UnsafePath
 
 NAME_MAX = 255
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,19 +61,96 @@ def open_dir(path: Path | str, dir_fd: int | None = None) -> Iterator[int]:
         os.close(fd)
 
 
-def install_file(src: Path, workspace: Path, name: str) -> None:
-    """Move an already written file into the workspace root under ``name``.
+def split_path(path: str) -> tuple[str, ...]:
+    """A workspace path from outside, as checked parts.
+
+    Accepted relative to the workspace or under ``/workspace``; ``.`` and empty
+    parts are dropped; ``..``, NUL and any other absolute path are refused.
+    """
+    if "\x00" in path:
+        raise UnsafePath("The path contains a NUL byte.")
+    if path == "/workspace" or path.startswith("/workspace/"):
+        rel = path[len("/workspace") :]
+    elif path.startswith("/"):
+        raise UnsafePath(f"{path!r} is outside the workspace; give a path inside it.")
+    else:
+        rel = path
+    parts = tuple(p for p in rel.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise UnsafePath(f"{path!r} contains '..'; give a path inside the workspace.")
+    if any(len(p.encode("utf-8", "surrogateescape")) > NAME_MAX for p in parts):
+        raise UnsafePath(f"{path!r} has a name longer than {NAME_MAX} bytes.")
+    return parts
+
+
+def walk_to(
+    workspace: Path, parts: tuple[str, ...], create: bool = False, owner: Owner | None = None
+) -> int:
+    """A descriptor of the folder ``parts`` inside the workspace; the caller closes it.
+
+    Every step is opened with O_NOFOLLOW relative to the previous one, so a
+    symlink anywhere on the way is refused, never followed. With ``create``,
+    missing folders are made (owned by ``owner``).
+    """
+    fd = os.open(workspace, _DIR_FLAGS)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise NotAFolder(
+                        f"{'/'.join(parts[: i + 1])!r} is not a folder in the workspace."
+                    ) from None
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if owner is not None:
+                    owner.apply(nxt)
+            except OSError as exc:  # ELOOP (a link), ENOTDIR (a file)
+                raise NotAFolder(
+                    f"{'/'.join(parts[: i + 1])!r} is not a folder in the workspace."
+                ) from exc
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def resolve_folder(workspace: Path, path: str) -> tuple[str, ...]:
+    """Check that ``path`` names an existing folder inside the workspace; return its parts."""
+    parts = split_path(path)
+    os.close(walk_to(workspace, parts))
+    return parts
+
+
+def install_file(
+    src: Path,
+    workspace: Path,
+    name: str,
+    folder: tuple[str, ...] = (),
+    owner: Owner | None = None,
+) -> None:
+    """Move an already written file into the workspace (root or ``folder``) under ``name``.
 
     rename(2) replaces a planted symlink instead of writing through it.
     """
-    with open_dir(src.parent) as src_fd, open_dir(workspace) as dst_fd:
-        try:
-            st = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            raise PathConflict(f"{name!r} is a folder in the workspace; a file cannot replace it.")
-        os.rename(src.name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    dst_fd = walk_to(workspace, folder, create=True, owner=owner)
+    try:
+        with open_dir(src.parent) as src_fd:
+            try:
+                st = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                where = "/".join((*folder, name))
+                raise PathConflict(
+                    f"{where!r} is a folder in the workspace; a file cannot replace it."
+                )
+            os.rename(src.name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    finally:
+        os.close(dst_fd)
 
 
 def _is_dir(name: str, dir_fd: int) -> bool | None:

@@ -142,7 +142,7 @@ async def test_upload_file_lands_in_workspace_root(client):
         f"/v1/sandboxes/{made['id']}/files", data=form_with_file(b"print(1)\n", "main.py")
     )
     assert r.status == 201
-    assert await r.json() == {"filename": "main.py", "size": 9}
+    assert await r.json() == {"filename": "main.py", "path": "main.py", "size": 9}
     assert (Path(made["workspace"]) / "main.py").read_bytes() == b"print(1)\n"
 
 
