@@ -9,10 +9,11 @@ answer, splitting a test-mode run into the command's part and the runner's.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,24 @@ def _descriptors(place: Placement, stdin: str | None) -> Iterator[dict[str, int]
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class Event:
+    """Something a streaming client sees while a command runs."""
+
+    kind: str  # "stdout", "stderr" or "phase"
+    text: str
+
+
+# Which events the streams of a run become; the runner's output is stdout and
+# stderr too, after a "phase" event says the tests started.
+_EVENT_OF = {
+    "stdout": "stdout",
+    "stderr": "stderr",
+    "runner_stdout": "stdout",
+    "runner_stderr": "stderr",
+}
+
+
 class Execution:
     def __init__(
         self,
@@ -120,6 +139,22 @@ class Execution:
 
     def kill(self) -> None:
         self.proc.kill()
+
+    def stream_to(self, sink: Callable[[Event], None]) -> None:
+        """Send output to ``sink`` as it arrives, decoded as UTF-8 across chunk edges."""
+        decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in _EVENT_OF}
+        runner = self.place.toolchain.runner
+
+        def on_chunk(name: str, data: bytes) -> None:
+            if name == "ctl":
+                if b"runner-start" in data:
+                    sink(Event("phase", runner))
+                return
+            text = decoders[name].decode(data)
+            if text:
+                sink(Event(_EVENT_OF[name], text))
+
+        self.capture.listener = on_chunk
 
     def _command(self) -> list[str]:
         if not self.request.test:

@@ -82,8 +82,12 @@ class Capture:
         self.streams = {name: TailBuffer(limit) for name in groups}
         self._group_of = groups
         self.groups = {g: TailBuffer(2 * limit) for g in set(groups.values()) if g is not None}
+        # Called with every chunk as it arrives (streaming exec); never buffers.
+        self.listener: Callable[[str, bytes], None] | None = None
 
     def feed(self, name: str, data: bytes) -> None:
+        if self.listener is not None:
+            self.listener(name, data)
         self.streams[name].feed(data)
         group = self._group_of[name]
         if group is not None:

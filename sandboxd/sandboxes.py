@@ -30,7 +30,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +49,7 @@ from sandboxd.errors import (
     ToolchainMissing,
     TooManyRequests,
 )
-from sandboxd.execution import Execution, Placement
+from sandboxd.execution import Event, Execution, Placement
 from sandboxd.models import (
     ArchiveUploaded,
     CreateSandboxRequest,
@@ -564,7 +564,13 @@ class SandboxManager:
             raise ToolchainMissing(f"The {language.value} toolchain cannot run: {why}.")
         return toolchain
 
-    async def exec(self, sandbox_id: str, request: ExecRequest) -> ExecResult:
+    async def exec(
+        self,
+        sandbox_id: str,
+        request: ExecRequest,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> ExecResult:
+        """Run a command; with ``on_event``, its output is also handed over as it arrives."""
         self._check_open()
         live = self._get(sandbox_id)
         toolchain = self._toolchain(live.language)
@@ -581,6 +587,8 @@ class SandboxManager:
         run = Execution(
             place, request, rlimits, self.limits.output_bytes, self.limits.test_wait_seconds
         )
+        if on_event is not None:
+            run.stream_to(on_event)
         live.running.add(run)
         live.last_exec_at = datetime.now(UTC)
         self._running += 1

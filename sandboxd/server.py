@@ -20,7 +20,7 @@ from urllib.parse import quote
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ValidationError
 
-from sandboxd import __version__, errors, logs, netguard, toolchains
+from sandboxd import __version__, errors, logs, netguard, sse, toolchains
 from sandboxd.config import Settings
 from sandboxd.models import (
     ALLOWED_LANGUAGES,
@@ -375,11 +375,13 @@ async def upload_archive(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/sandboxes/{id}/exec")
-async def exec_command(request: web.Request) -> web.Response:
+async def exec_command(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
     sandbox_id = request.match_info["id"]
     manager.get(sandbox_id)
     body = await parse_json(request, ExecRequest)
+    if sse.wants_events(request):
+        return await sse.stream_exec(request, manager, sandbox_id, body)
     return json_response(await manager.exec(sandbox_id, body))
 
 
