@@ -236,8 +236,8 @@ def middleware(guard: TcpGuard | None) -> Middleware:
                 log.info(
                     "refused a TCP request (%s): Host %r, Origin %r",
                     refused.code,
-                    request.headers.get("Host"),
-                    request.headers.get("Origin"),
+                    request.headers.get("Host", "")[:200],
+                    request.headers.get("Origin", "")[:200],
                 )
                 return refused.response
         response = await handler(request)

@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -485,3 +487,138 @@ def test_doctor_reports_a_config_typo_and_checks_the_rest(daemon_factory: Daemon
 def test_doctor_sees_the_running_daemon(daemon: Daemon):
     result = _doctor(daemon)
     assert "a daemon answers" in result.stdout
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate not installed"
+)
+def test_started_on_demand_by_systemd_socket_activate(daemon_factory: Daemon, procs):
+    """systemd's own activation code: it listens, and starts the daemon on the first connection."""
+    d = daemon_factory
+    run = d.root / "sd"
+    run.mkdir(mode=0o700)
+    path = run / "on-demand.sock"
+    p = Proc(
+        d,
+        [
+            "systemd-socket-activate",
+            "-l",
+            str(path),
+            sys.executable,
+            "-m",
+            "sandboxd",
+            *base_args(d),
+            "serve",
+        ],
+    )
+    procs.append(p)
+    wait_for(lambda: path.exists(), what="systemd-socket-activate to listen")
+    assert "ready" not in p.log()  # nothing started yet
+    # The first request waits in the socket's backlog while the daemon starts.
+    result = subprocess.run(
+        ["curl", "-s", "--max-time", "60", "--unix-socket", str(path), "http://x/v1/version"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert json.loads(result.stdout)["api"] == "v1", result.stderr + p.log()
+    assert "ready" in p.log()
+    assert not d.socket_path.exists()  # it used the socket it was given
+    assert p.stop() == 0
+
+
+# -- TCP mode on a real daemon --------------------------------------------------------------
+
+
+def _tcp_port(p: Proc) -> int:
+    found = re.search(r"listening on 127\.0\.0\.1:(\d+) \(token required\)", p.log())
+    assert found, p.log()
+    return int(found.group(1))
+
+
+async def test_tcp_mode_end_to_end(daemon_factory: Daemon, procs):
+    d = daemon_factory
+    token_file = d.root / "cfg" / "token"
+    (d.root / "config.toml").write_text(f'[listen]\ntoken_file = "{token_file}"\n')
+    p = serve(d, procs, "--tcp", "127.0.0.1:0", log_level="debug")
+    port = _tcp_port(p)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/v1/status") as r:
+            assert r.status == 401
+        async with http.get(f"{base}/v1/status", headers={**auth, "Host": f"evil.com:{port}"}) as r:
+            assert r.status == 403
+        async with http.post(
+            f"{base}/v1/sandboxes", json={}, headers={**auth, "Origin": "http://evil.com"}
+        ) as r:
+            assert r.status == 403
+        async with http.post(f"{base}/v1/sandboxes", json={}, headers=auth) as r:
+            assert r.status == 201
+            sid = (await r.json())["id"]
+        async with http.post(
+            f"{base}/v1/sandboxes/{sid}/exec", json={"command": "echo over tcp"}, headers=auth
+        ) as r:
+            assert (await r.json())["stdout"] == "over tcp\n"
+    # The Unix socket needs none of it.
+    async with session(d.socket_path) as http, http.get("/v1/sandboxes") as r:
+        assert [s["id"] for s in (await r.json())["sandboxes"]] == [sid]
+    # A restart keeps the token.
+    assert p.stop() == 0
+    p = serve(d, procs, "--tcp", "127.0.0.1:0")
+    assert token_file.read_text().strip() == token
+    assert p.stop() == 0
+    log = p.log() + "".join(x.log() for x in procs)
+    assert token not in log
+    assert "via=tcp" in log
+    assert "refused a TCP request (host_not_allowed): Host 'evil.com:" in log
+
+
+def test_tcp_refuses_a_remote_address_without_allow_remote(daemon_factory: Daemon):
+    result = daemon_factory.cli("serve", "--tcp", "0.0.0.0:0", timeout=30)
+    assert result.returncode == 1
+    assert "--allow-remote" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not daemon_factory.socket_path.exists()
+
+
+def test_tcp_address_that_is_not_host_port_is_a_usage_error(daemon_factory: Daemon):
+    result = daemon_factory.cli("serve", "--tcp", "evil.com:80", timeout=30)
+    assert result.returncode == 2
+    assert "not an IP address" in result.stderr
+
+
+def test_allow_remote_listens_with_a_warning(daemon_factory: Daemon, procs):
+    d = daemon_factory
+    (d.root / "config.toml").write_text(f'[listen]\ntoken_file = "{d.root / "token"}"\n')
+    p = serve(d, procs, "--tcp", "0.0.0.0:0", "--allow-remote")
+    assert "NOT loopback" in p.log()
+    assert re.search(r"listening on 0\.0\.0\.0:\d+ \(token required\)", p.log())
+    assert p.stop() == 0
+
+
+def test_an_unsafe_token_file_stops_the_start(daemon_factory: Daemon):
+    d = daemon_factory
+    token = d.root / "token"
+    token.write_text("x" * 64 + "\n")
+    token.chmod(0o644)
+    (d.root / "config.toml").write_text(f'[listen]\ntoken_file = "{token}"\n')
+    result = d.cli("serve", "--tcp", "127.0.0.1:0", timeout=30)
+    assert result.returncode == 1
+    assert "can be read by others" in result.stderr
+    assert "x" * 64 not in result.stderr
+
+
+def test_start_with_tcp_says_where_the_token_is(daemon_factory: Daemon):
+    d = daemon_factory
+    token = d.root / "token"
+    (d.root / "config.toml").write_text(f'[listen]\ntoken_file = "{token}"\n')
+    result = d.cli("start", "--tcp", "127.0.0.1:0")
+    try:
+        assert result.returncode == 0, result.stderr
+        assert f"the token is in {token}" in result.stdout
+        assert token.exists()
+    finally:
+        assert d.cli("stop").returncode == 0
