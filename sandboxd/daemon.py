@@ -262,7 +262,7 @@ def reload_settings(
         if getattr(fresh.limits, name) != getattr(baseline.limits, name)
     ]
     if fixed:
-        log.warning("reload: %s take effect only at the next start", ", ".join(fixed))
+        log.warning("reload: changes to %s take effect only at the next start", ", ".join(fixed))
     current = settings_of(app)
     changed = {
         name: value
@@ -296,6 +296,7 @@ async def _serve(
     guard: TcpGuard | None,
     notifier: systemd.Notifier,
     load: Callable[[], Settings] | None,
+    baseline: Settings,
 ) -> None:
     # Handlers first: the socket already listens, so a client may connect and
     # a supervisor may send SIGTERM before the app is ready.
@@ -338,7 +339,7 @@ async def _serve(
 
         def on_reload() -> None:
             notifier.reloading()
-            reload_settings(app, settings, load)
+            reload_settings(app, baseline, load)
             notifier.ready("reloaded the config file")
 
         loop.add_signal_handler(signal.SIGHUP, on_reload)
@@ -372,13 +373,14 @@ def serve(settings: Settings, load: Callable[[], Settings] | None = None) -> Non
         raise DaemonStartError(str(exc)) from None
     preflight(settings)
     listeners = open_listeners(settings, inherited)
+    loaded = settings  # what the config file said, for telling later edits apart
     try:
         unix = next(item for item in listeners if item.kind == "unix")
         if unix.owned_inode is None:
             # systemd's socket may be elsewhere than --socket: report the real one.
             settings = settings.model_copy(update={"socket_path": Path(unix.name)})
         guard = tcp_guard_for(settings, listeners)
-        asyncio.run(_serve(settings, listeners, guard, notifier, load))
+        asyncio.run(_serve(settings, listeners, guard, notifier, load, loaded))
     finally:
         close_listeners(listeners)
 

@@ -173,6 +173,11 @@ def test_socket_activation_and_readiness_the_way_systemd_does_it(daemon_factory:
         assert status["pid"] == p.proc.pid
         assert status["socket"] == str(activated)
         assert not d.socket_path.exists()
+        # A reload is announced, and the socket given (not --socket) is no "change".
+        p.proc.send_signal(signal.SIGHUP)
+        assert "RELOADING=1" in notify.recv(4096).decode().splitlines()
+        assert "READY=1" in notify.recv(4096).decode().splitlines()
+        assert "next start" not in p.log()
         assert p.stop(signal.SIGTERM) == 0
         assert "STOPPING=1" in notify.recv(4096).decode().splitlines()
     finally:
@@ -326,7 +331,7 @@ async def test_sighup_says_which_changes_need_a_restart(daemon_factory: Daemon, 
     (d.root / "config.toml").write_text('bwrap = "/usr/bin/bwrap"\n[limits]\noutput_bytes = 7\n')
     p.proc.send_signal(signal.SIGHUP)
     await asyncio.to_thread(wait_for, lambda: "next start" in p.log(), 10, "the warning")
-    assert "reload: bwrap take effect only at the next start" in p.log()
+    assert "reload: changes to bwrap take effect only at the next start" in p.log()
     assert "output_bytes=7" in p.log()
     assert answers(d.socket_path)
     assert p.stop() == 0
