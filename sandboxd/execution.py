@@ -20,7 +20,7 @@ from pathlib import Path
 from sandboxd import bwrap, testsuite
 from sandboxd.errors import SandboxSetupFailed
 from sandboxd.models import CommandResult, ExecRequest, ExecResult, TestsResult
-from sandboxd.runner import Capture, Outcome, SandboxProcess
+from sandboxd.runner import SPAWNED, Capture, Outcome, SandboxProcess
 from sandboxd.toolchains import Toolchain
 from sandboxd.workspace import Owner, disk_usage, resolve_folder
 
@@ -200,6 +200,7 @@ class Execution:
                 pass_fds=[ready_w, userns],
                 env={},
             )
+            SPAWNED.add(helper.pid)
             os.close(ready_w)
             ready_w = -1
             ready = await asyncio.wait_for(asyncio.to_thread(os.read, ready_r, 1), 10)
@@ -233,6 +234,7 @@ class Execution:
                 if ready == b"1":
                     break
                 await helper.wait()
+                SPAWNED.discard(helper.pid)
                 if "setns" not in err or "Operation not permitted" not in err:
                     raise OSError(err or "no network came up")
                 await asyncio.sleep(0.01)
@@ -245,9 +247,11 @@ class Execution:
             self.proc.kill()
         finally:
             os.close(release_fd)
-            if helper is not None and helper.returncode is None:
-                helper.kill()
-                await helper.wait()
+            if helper is not None:
+                if helper.returncode is None:
+                    helper.kill()
+                    await helper.wait()
+                SPAWNED.discard(helper.pid)
 
     async def run(self, timeout: float) -> ExecResult:
         place = self.place

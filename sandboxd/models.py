@@ -41,9 +41,10 @@ PositiveInt = Annotated[int, Field(gt=0)]
 class ExecLimits(_Request):
     """Lower per-process limits for one command (at most the configured ones)."""
 
-    memory_bytes: PositiveInt | None = None
-    processes: PositiveInt | None = None
-    open_files: PositiveInt | None = None
+    # The floors leave room for bwrap, setpriv and a shell to start at all.
+    memory_bytes: Annotated[int, Field(ge=64 * 1024 * 1024)] | None = None
+    processes: Annotated[int, Field(ge=16)] | None = None
+    open_files: Annotated[int, Field(ge=32)] | None = None
     file_bytes: PositiveInt | None = None
     cpu_seconds: PositiveInt | None = None
 

@@ -24,6 +24,7 @@ raised as SandboxSetupFailed.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -37,6 +38,51 @@ from typing import Any
 from sandboxd.errors import SandboxSetupFailed
 
 _EOF_GRACE_SECONDS = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+
+# Processes a SandboxProcess (or a network helper) waits for itself: the
+# orphan reaper must leave their exit status to asyncio.
+SPAWNED: set[int] = set()
+_ORPHAN_NAMES = ("bwrap", "slirp4netns", "setpriv", "prlimit")
+
+
+def become_subreaper() -> bool:
+    """Adopt our descendants' orphans instead of leaving them to PID 1.
+
+    bwrap leaves one process of each sandbox behind when it exits; a PID 1
+    that does not reap (as in some containers and VMs) would keep it as a
+    zombie, and zombies count against the sandbox uid's RLIMIT_NPROC.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def reap_orphans() -> int:
+    """Reap exited orphans of sandboxes adopted as subreaper; return how many.
+
+    Looks without reaping first (WNOWAIT) and stops at any child that is not a
+    sandbox orphan, so no other child's exit status is ever taken.
+    """
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid in SPAWNED:
+            return reaped
+        try:
+            with open(f"/proc/{info.si_pid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            return reaped
+        if name not in _ORPHAN_NAMES:
+            return reaped
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        reaped += 1
 
 
 class TailBuffer:
@@ -212,6 +258,8 @@ class SandboxProcess:
             self._close_all()
             raise SandboxSetupFailed(f"Could not start {argv[0]}: {exc}") from exc
         self._transport = transport
+        pid = transport.get_pid()
+        SPAWNED.add(pid)
         readers: list[asyncio.ReadTransport] = []
         try:
             for name, (r, w) in list(self._pipes.items()):
@@ -242,6 +290,8 @@ class SandboxProcess:
                 reader.close()
             transport.close()
             self._close_all()
+            SPAWNED.discard(pid)
+            reap_orphans()
             if not self.child_pid.done():
                 self.child_pid.cancel()
         duration = time.monotonic() - started

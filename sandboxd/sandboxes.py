@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandboxd import archive, bwrap, files, seccomp
+from sandboxd import archive, bwrap, files, runner, seccomp
 from sandboxd.config import Settings
 from sandboxd.errors import (
     InvalidRequest,
@@ -177,6 +177,7 @@ class SandboxManager:
 
     def open(self) -> None:
         """Create the layout, finish interrupted creates and deletes, load records."""
+        runner.become_subreaper()
         for d in (self.data_dir, self.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, self._dir_mode)

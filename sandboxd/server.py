@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
-from sandboxd import __version__, errors, logs, netguard, sse, toolchains
+from sandboxd import __version__, errors, logs, netguard, openapi, sse, toolchains
 from sandboxd.config import Settings
 from sandboxd.models import (
     ALLOWED_LANGUAGES,
@@ -246,7 +247,7 @@ async def file_part(request: web.Request) -> tuple[BodyPartReader, dict[str, str
                 continue
             # Other fields are read and dropped, within the same limit.
             await part.release()
-    except (ValueError, AssertionError) as exc:
+    except (ValueError, AssertionError, HttpProcessingError) as exc:
         raise errors.MalformedBody(f"The multipart body could not be parsed: {exc}") from None
     raise errors.MissingFile("Put the file in the form field named 'file' (curl -F file=@path).")
 
@@ -383,6 +384,11 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     if sse.wants_events(request):
         return await sse.stream_exec(request, manager, sandbox_id, body)
     return json_response(await manager.exec(sandbox_id, body))
+
+
+@routes.get("/v1/openapi.json")
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.json_response(openapi.document())
 
 
 @routes.get("/v1/version")

@@ -238,3 +238,35 @@ def test_module_entry_point_and_version():
 
     assert out.stdout.strip() == f"sandboxd, version {__version__}"
     assert os.access(sys.executable, os.X_OK)
+
+
+def _pids_of(uid: int) -> set[str]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    found.add(entry.name)
+            except OSError:
+                pass
+    return found
+
+
+async def test_no_zombies_pile_up_under_the_sandbox_uid(daemon: Daemon, http):
+    """bwrap leaves one process per run behind; the daemon adopts and reaps them
+    (a PID 1 that does not reap would let them count against RLIMIT_NPROC)."""
+    made = await create(http)
+    sid = made["id"]
+    uid = Path(made["workspace"]).stat().st_uid
+    if uid == os.getuid():
+        return  # not root: the sandbox shares our uid, nothing to count apart
+    # Left by earlier daemons of this test session that had the same uid.
+    before = _pids_of(uid)
+    for _ in range(6):
+        async with http.post(f"/v1/sandboxes/{sid}/exec", json={"command": "true"}) as r:
+            assert r.status == 200
+    await asyncio.sleep(0.3)
+    async with http.post(f"/v1/sandboxes/{sid}/exec", json={"command": "true"}) as r:
+        assert r.status == 200  # reaps what the previous run left
+    await asyncio.sleep(0.3)
+    assert len(_pids_of(uid) - before) <= 1  # at most the last run's, not yet adopted
