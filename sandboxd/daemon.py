@@ -59,6 +59,22 @@ USERNS_HELP = (
 )
 
 
+PATH_HELP = (
+    "bubblewrap could not create a sandbox: {reason}\n\n"
+    "The sandboxes run as an unprivileged uid, which must be able to reach the data "
+    "folder {data_dir}: every folder above it needs execute permission for others "
+    "(chmod o+x on each; a home folder of mode 0700 stops it). Choose a data folder "
+    "elsewhere with --data-dir, or fix the modes."
+)
+
+
+def selftest_help(reason: str, settings: Settings) -> str:
+    """Say what to fix when the start-up self-test fails, from bwrap's own words."""
+    if "Can't find source path" in reason and "Permission denied" in reason:
+        return PATH_HELP.format(reason=reason, data_dir=settings.data_dir)
+    return USERNS_HELP.format(reason=reason)
+
+
 class DaemonStartError(Exception):
     """A problem that stops the daemon from starting; the message says how to fix it."""
 
@@ -330,7 +346,7 @@ async def _serve(
         await app[MANAGER].selftest()
     except SandboxSetupFailed as exc:
         await runner.cleanup()
-        raise DaemonStartError(USERNS_HELP.format(reason=exc.detail)) from None
+        raise DaemonStartError(selftest_help(exc.detail, settings)) from None
     for item in listeners:
         await web.SockSite(runner, item.sock).start()
         log.info("listening on %s%s", item.name, " (token required)" if item.kind == "tcp" else "")

@@ -270,3 +270,15 @@ async def test_no_zombies_pile_up_under_the_sandbox_uid(daemon: Daemon, http):
         assert r.status == 200  # reaps what the previous run left
     await asyncio.sleep(0.3)
     assert len(_pids_of(uid) - before) <= 1  # at most the last run's, not yet adopted
+
+
+def test_unreachable_data_dir_is_explained(daemon_factory: Daemon):
+    if os.geteuid() != 0:
+        return  # only root runs sandboxes as another uid
+    hidden = daemon_factory.root / "private"
+    hidden.mkdir(mode=0o700)
+    daemon_factory.data_dir = hidden / "data"
+    result = daemon_factory.cli("serve", timeout=60)
+    assert result.returncode == 1
+    assert "chmod o+x" in result.stderr
+    assert "apparmor" not in result.stderr.lower()
