@@ -89,44 +89,33 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
+    def argv(self, *args: str) -> list[str]:
+        """`python -m sandboxd` with this daemon's socket, data dir and config."""
+        return [
+            sys.executable,
+            "-m",
+            "sandboxd",
+            "--socket",
+            str(self.socket_path),
+            "--data-dir",
+            str(self.data_dir),
+            "--config",
+            str(self.root / "config.toml"),
+            *args,
+        ]
+
     def cli(
         self, *args: str, check: bool = False, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sandboxd",
-                "--socket",
-                str(self.socket_path),
-                "--data-dir",
-                str(self.data_dir),
-                "--config",
-                str(self.root / "config.toml"),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=check,
+            self.argv(*args), capture_output=True, text=True, timeout=timeout, check=check
         )
 
     def start(self) -> None:
         self.log_path = self.root / "daemon.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sandboxd",
-                "--socket",
-                str(self.socket_path),
-                "--data-dir",
-                str(self.data_dir),
-                "--config",
-                str(self.root / "config.toml"),
-                "serve",
-            ],
+            self.argv("serve"),
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
