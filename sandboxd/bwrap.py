@@ -219,6 +219,9 @@ def _options(spec: SandboxSpec) -> Iterable[Option]:
     else:
         yield Mount("--bind", str(spec.workspace), WORKSPACE)
     yield Mount("--bind", str(spec.home), HOME)
+    # The tmpfs root and what bwrap made on it (/etc, /opt...) become
+    # read-only; the binds and tmpfs mounts above keep their own modes.
+    yield Value("--remount-ro", "/")
     yield Value("--chdir", spec.cwd)
     env = {
         "PATH": spec.toolchain.search_path,

@@ -20,7 +20,7 @@ from pathlib import Path
 from sandboxd import bwrap, testsuite
 from sandboxd.errors import SandboxSetupFailed
 from sandboxd.models import CommandResult, ExecRequest, ExecResult, TestsResult
-from sandboxd.runner import SPAWNED, Capture, Outcome, SandboxProcess
+from sandboxd.runner import SPAWNED, Capture, Outcome, SandboxProcess, spawning
 from sandboxd.toolchains import Toolchain
 from sandboxd.workspace import Owner, disk_usage, resolve_folder
 
@@ -192,14 +192,15 @@ class Execution:
             argv = bwrap.slirp4netns_argv(
                 self.place.slirp4netns, pid, ready_w, userns, self.place.owner
             )
-            helper = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=[ready_w, userns],
-                env={},
-            )
+            with spawning():
+                helper = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=[ready_w, userns],
+                    env={},
+                )
             SPAWNED.add(helper.pid)
             os.close(ready_w)
             ready_w = -1
@@ -286,6 +287,12 @@ class Execution:
                 )
             finally:
                 watcher.cancel()
+                # A command that wrote past the quota and exited between two
+                # checks is caught here: the answer says so, and the next exec
+                # is refused until files are deleted.
+                if not self.quota_exceeded:
+                    used = await asyncio.to_thread(disk_usage, place.workspace)
+                    self.quota_exceeded = used > place.workspace_quota
                 if attach is not None:
                     attach.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

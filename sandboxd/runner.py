@@ -24,6 +24,7 @@ raised as SandboxSetupFailed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -31,19 +32,55 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.errors import SandboxSetupFailed
 
 _EOF_GRACE_SECONDS = 5.0
+_KILL_FALLBACK_SECONDS = 2.0
 PR_SET_CHILD_SUBREAPER = 36
 
 # Processes a SandboxProcess (or a network helper) waits for itself: the
 # orphan reaper must leave their exit status to asyncio.
 SPAWNED: set[int] = set()
-_ORPHAN_NAMES = ("bwrap", "slirp4netns", "setpriv", "prlimit")
+# While a spawn is under way its pid is not known yet: reaping then could take
+# a child asyncio is about to watch.
+_spawning = 0
+_ORPHAN_NAMES = ("bwrap",)
+
+
+@contextlib.contextmanager
+def spawning() -> Iterator[None]:
+    global _spawning
+    _spawning += 1
+    try:
+        yield
+    finally:
+        _spawning -= 1
+
+
+def _sigkill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def leave_session_keyring() -> bool:
+    """Join a new, empty, anonymous session keyring.
+
+    Sandboxes inherit the daemon's session keyring; the user's login keyring
+    (with whatever keys it holds) must not be that one. seccomp refuses keyctl
+    inside too: this is the second wall.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return bool(libc.syscall(250, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0)
 
 
 def become_subreaper() -> bool:
@@ -64,25 +101,26 @@ def reap_orphans() -> int:
     sandbox orphan, so no other child's exit status is ever taken.
     """
     reaped = 0
-    while True:
+    while not _spawning:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return reaped
         if info is None or info.si_pid in SPAWNED:
-            return reaped
+            break
         try:
             with open(f"/proc/{info.si_pid}/comm") as comm:
                 name = comm.read().strip()
         except OSError:
-            return reaped
+            break
         if name not in _ORPHAN_NAMES:
-            return reaped
+            break
         try:
             os.waitpid(info.si_pid, os.WNOHANG)
         except ChildProcessError:
-            return reaped
+            break
         reaped += 1
+    return reaped
 
 
 class TailBuffer:
@@ -158,6 +196,16 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
         self._capture = capture
         self._done = done
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # The process exists from here until asyncio has reaped it: the orphan
+        # reaper must not take its exit status.
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._pid = transport.get_pid()
+        SPAWNED.add(self._pid)
+
+    def process_exited(self) -> None:
+        SPAWNED.discard(self._pid)
+
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self._capture.feed("stdout" if fd == 1 else "stderr", data)
 
@@ -194,6 +242,8 @@ class SandboxProcess:
         self.child_pid: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._transport: asyncio.SubprocessTransport | None = None
         self._killed = False
+        self._status_closed = False
+        self._fallback: asyncio.TimerHandle | None = None
 
     @property
     def fds(self) -> dict[str, int]:
@@ -205,8 +255,28 @@ class SandboxProcess:
         return self._pipes["_status"][1]
 
     def kill(self) -> None:
-        """Kill the sandbox (bwrap and, through the PID namespace, everything in it)."""
+        """Kill the sandbox: its PID 1 (and so, through the PID namespace, everything
+        in it) and bwrap.
+
+        Killing bwrap alone is not enough while it is still setting up: its child
+        may not have armed --die-with-parent yet and would live on, orphaned. So
+        the sandbox's PID 1 is killed by pid, and until bwrap has reported that
+        pid, bwrap is left alive (for at most _KILL_FALLBACK_SECONDS) so the
+        report can still come.
+        """
         self._killed = True
+        if self._transport is None:
+            return  # run() kills as soon as there is something to kill
+        if self.child_pid.done() and not self.child_pid.cancelled():
+            _sigkill(self.child_pid.result())
+            self._kill_bwrap()
+        elif self._status_closed:
+            self._kill_bwrap()  # bwrap will never report a child
+        elif self._fallback is None:
+            loop = asyncio.get_running_loop()
+            self._fallback = loop.call_later(_KILL_FALLBACK_SECONDS, self._kill_bwrap)
+
+    def _kill_bwrap(self) -> None:
         if self._transport is not None and self._transport.get_returncode() is None:
             try:
                 self._transport.send_signal(signal.SIGKILL)
@@ -219,7 +289,14 @@ class SandboxProcess:
             for doc in _parse_status(bytes(self._status)):
                 if "child-pid" in doc:
                     self.child_pid.set_result(int(doc["child-pid"]))
+                    if self._killed:
+                        self.kill()
                     break
+
+    def _on_status_closed(self) -> None:
+        self._status_closed = True
+        if self._killed:
+            self.kill()
 
     def _close_all(self) -> None:
         for r, w in self._pipes.values():
@@ -244,28 +321,29 @@ class SandboxProcess:
         waits.append(stdio_done)
         write_fds = [w for _, w in self._pipes.values()] + list(pass_fds)
         try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: _StdioProtocol(self.capture, stdio_done),
-                *argv,
-                stdin=subprocess.DEVNULL if stdin is None else stdin,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=write_fds,
-                close_fds=True,
-                env={},
-            )
+            with spawning():
+                transport, _ = await loop.subprocess_exec(
+                    lambda: _StdioProtocol(self.capture, stdio_done),
+                    *argv,
+                    stdin=subprocess.DEVNULL if stdin is None else stdin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=write_fds,
+                    close_fds=True,
+                    env={},
+                )
         except OSError as exc:
             self._close_all()
             raise SandboxSetupFailed(f"Could not start {argv[0]}: {exc}") from exc
         self._transport = transport
-        pid = transport.get_pid()
-        SPAWNED.add(pid)
         readers: list[asyncio.ReadTransport] = []
         try:
             for name, (r, w) in list(self._pipes.items()):
                 os.close(w)
                 done: asyncio.Future[None] = loop.create_future()
                 waits.append(done)
+                if name == "_status":
+                    done.add_done_callback(lambda _: self._on_status_closed())
                 sink = self._on_status if name == "_status" else _feeder(self.capture, name)
                 pipe = os.fdopen(r, "rb", buffering=0)
                 reader, _ = await loop.connect_read_pipe(_protocol_factory(sink, done), pipe)
@@ -290,7 +368,8 @@ class SandboxProcess:
                 reader.close()
             transport.close()
             self._close_all()
-            SPAWNED.discard(pid)
+            if self._fallback is not None:
+                self._fallback.cancel()
             reap_orphans()
             if not self.child_pid.done():
                 self.child_pid.cancel()

@@ -92,6 +92,9 @@ class _Live:
     running: set[Execution] = field(default_factory=set)
     last_exec_at: datetime | None = None
     deleted: bool = False
+    # The last command left the workspace over its quota: checked again (a
+    # walk of the workspace) before the next one runs.
+    over_quota: bool = False
 
     @property
     def workspace(self) -> Path:
@@ -178,6 +181,7 @@ class SandboxManager:
     def open(self) -> None:
         """Create the layout, finish interrupted creates and deletes, load records."""
         runner.become_subreaper()
+        runner.leave_session_keyring()
         for d in (self.data_dir, self.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, self._dir_mode)
@@ -479,6 +483,7 @@ class SandboxManager:
         self._check_open()
         live = self._get(sandbox_id)
         path = await self._receive(live, chunks)
+        self._ensure_present(live)
         staging = live.tmp / f"staging-{secrets.token_hex(8)}"
         limits = self.limits
         try:
@@ -577,6 +582,9 @@ class SandboxManager:
         toolchain = self._toolchain(live.language)
         timeout = self._timeout(request.timeout)
         rlimits = self._rlimits(live.owner, request.limits)
+        if live.over_quota:
+            await self._check_quota(live, 0)  # still over: refused with 413
+            live.over_quota = False
         if self._running >= self.limits.concurrent_execs:
             raise TooManyRequests(
                 f"{self._running} commands are already running (limits.concurrent_execs); "
@@ -598,6 +606,9 @@ class SandboxManager:
         finally:
             self._running -= 1
             live.running.discard(run)
+        live.over_quota = run.quota_exceeded
+        # bwrap's last process may exit a moment after the answer: adopt it then.
+        asyncio.get_running_loop().call_later(0.5, runner.reap_orphans)
         if live.deleted:
             raise SandboxDeleted(f"The sandbox {live.id!r} was deleted while the command ran.")
         return result

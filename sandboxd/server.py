@@ -220,10 +220,23 @@ async def _text_field(part: BodyPartReader) -> str:
         raise errors.MalformedBody(f"The form field {part.name!r} is not UTF-8.") from None
 
 
+async def _drain(part: Any, budget: int) -> int:
+    """Read and drop a form part, refusing it once it passes ``budget`` bytes."""
+    size = 0
+    while chunk := await part.read_chunk(_CHUNK):
+        size += len(chunk)
+        if size > budget:
+            raise errors.PayloadTooLarge(
+                "The form fields besides 'file' are larger than the upload limit."
+            )
+    return size
+
+
 async def file_part(request: web.Request) -> tuple[BodyPartReader, dict[str, str]]:
     """The multipart part named 'file', after checking type and declared size,
     and the text fields sent before it (``path``)."""
     fields: dict[str, str] = {}
+    skipped = 0
     if request.content_type != "multipart/form-data":
         raise errors.UnsupportedMediaType(
             "Send the file as a multipart form upload (curl -F file=@path), "
@@ -245,8 +258,8 @@ async def file_part(request: web.Request) -> tuple[BodyPartReader, dict[str, str
             if isinstance(part, BodyPartReader) and part.name == "path":
                 fields["path"] = await _text_field(part)
                 continue
-            # Other fields are read and dropped, within the same limit.
-            await part.release()
+            # Other fields are read and dropped, and count against the limit.
+            skipped += await _drain(part, limit - skipped)
     except (ValueError, AssertionError, HttpProcessingError) as exc:
         raise errors.MalformedBody(f"The multipart body could not be parsed: {exc}") from None
     raise errors.MissingFile("Put the file in the form field named 'file' (curl -F file=@path).")
