@@ -59,7 +59,7 @@ def test_schemathesis_finds_no_failure(short_tmp: Path):
              "-H", f"Authorization: Bearer {token}", "--checks", CHECKS,
              "--max-examples", os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "25"),
              "--seed", "1"],
-            capture_output=True, text=True, timeout=900,
+            capture_output=True, text=True, timeout=900, cwd=short_tmp,
         )  # fmt: skip
         out = result.stdout
         failures = out[out.find("FAILURES") :] if "FAILURES" in out else out[-3000:]
