@@ -100,6 +100,7 @@ WORKSPACE_BY_PATH = ["--bind", "/srv/sbx/ws", "/workspace"]
 
 HOME_AND_CHDIR = [
     "--bind", "/srv/sbx/home", "/home/sandbox",
+    "--remount-ro", "/",
     "--chdir", "/workspace",
 ]  # fmt: skip
 
