@@ -24,7 +24,6 @@ from sandboxd.runner import SPAWNED, Capture, Outcome, SandboxProcess, spawning
 from sandboxd.toolchains import Toolchain
 from sandboxd.workspace import Owner, disk_usage, resolve_folder
 
-_POLL_STEP = 0.05  # the supervisor's wait granularity, in seconds
 _QUOTA_CHECK_SECONDS = 1.0
 _TEST_STREAMS = ("runner_stdout", "runner_stderr", "ctl")
 _NETWORK_ATTEMPTS = 100
@@ -131,7 +130,7 @@ class Execution:
             groups.update(runner_stdout="runner", runner_stderr="runner", ctl=None)
         self.capture = Capture(output_bytes, groups)
         self.proc = SandboxProcess(self.capture, _TEST_STREAMS if request.test else ())
-        self._steps = round(test_wait_seconds / _POLL_STEP)
+        self._wait_us = round(test_wait_seconds * 1_000_000)
         self.quota_exceeded = False
         self._network_error: str | None = None
         # Checked before anything runs: a folder inside the workspace, no links.
@@ -166,7 +165,7 @@ class Execution:
             testsuite.SUPERVISOR,
             "sandboxd-test",
             self.request.command,
-            str(self._steps),
+            str(self._wait_us),
             str(fds["runner_stdout"]),
             str(fds["runner_stderr"]),
             str(fds["ctl"]),

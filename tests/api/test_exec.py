@@ -228,3 +228,41 @@ async def test_exec_after_delete_is_404(client):
     assert r.status == 204
     r = await client.post(f"/v1/sandboxes/{sid}/exec", json={"command": "true"})
     assert r.status == 404
+
+
+async def test_runner_waits_the_spec_two_seconds_while_the_command_runs(client):
+    sid = await sandbox(client)
+    await upload(
+        client,
+        sid,
+        {
+            "tests/test_wait.py": (
+                "import time\n\n"
+                "def test_waited():\n"
+                "    started = float(open('started').read())\n"
+                "    assert time.time() - started >= 1.95\n"
+            )
+        },
+    )
+    result = await run(client, sid, command="date +%s.%N > started; sleep 30", test=True)
+    assert result["tests"]["passed"] == 1, result["output"]
+    assert result["command"]["still_running"] is True
+
+
+async def test_runner_does_not_wait_when_the_command_is_done(client):
+    sid = await sandbox(client)
+    await upload(
+        client,
+        sid,
+        {
+            "tests/test_wait.py": (
+                "import time\n\n"
+                "def test_no_wait():\n"
+                "    started = float(open('started').read())\n"
+                "    assert time.time() - started < 1.9\n"
+            )
+        },
+    )
+    result = await run(client, sid, command="date +%s.%N > started", test=True)
+    assert result["tests"]["passed"] == 1, result["output"]
+    assert result["command"]["exit_code"] == 0
