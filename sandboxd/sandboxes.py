@@ -171,6 +171,7 @@ class SandboxManager:
         self._dir_mode = 0o711 if self.as_root else 0o700
         self._sandboxes: dict[str, _Live] = {}
         self._uids_in_use: set[int] = set()
+        self._next_uid_offset = 0
         self._running = 0
         self._closing = False
         # Built once: the same program serves every exec.
@@ -196,6 +197,10 @@ class SandboxManager:
             live = self._load(entry)
             if live is not None:
                 self._sandboxes[live.id] = live
+        if self._uids_in_use:
+            start = self.settings.sandbox_uid_start
+            usable = self.settings.sandbox_uid_count - 1
+            self._next_uid_offset = (max(self._uids_in_use) - start + 1) % usable
 
     def _write_etc(self) -> None:
         self.etc_dir.mkdir(mode=0o755, exist_ok=True)
@@ -240,10 +245,14 @@ class SandboxManager:
         if not self.as_root:
             return None
         start, count = self.settings.sandbox_uid_start, self.settings.sandbox_uid_count
-        # The last uid of the range is the start-up self-test's.
-        for uid in range(start, start + count - 1):
+        usable = count - 1  # the last uid of the range is the start-up self-test's
+        # Start after the last uid handed out, so a create does not walk past
+        # every sandbox that exists (and a freed uid is not reused at once).
+        for step in range(usable):
+            uid = start + (self._next_uid_offset + step) % usable
             if uid not in self._uids_in_use:
                 self._uids_in_use.add(uid)
+                self._next_uid_offset = (uid - start + 1) % usable
                 return Owner(uid, uid)
         raise TooManyRequests(
             f"All {count - 1} sandbox uids are in use; delete sandboxes or widen "

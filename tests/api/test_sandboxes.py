@@ -245,3 +245,20 @@ async def test_refused_zip_leaves_workspace_as_it_was(client):
     assert (await r.json())["code"] == "unsafe_path"
     assert (ws / "a.txt").read_text() == "before"
     assert sorted(p.name for p in ws.iterdir()) == ["a.txt"]
+
+
+async def test_a_deleted_sandboxes_uid_is_not_handed_out_again_at_once(client):
+    import json
+    import os
+
+    if os.geteuid() != 0:
+        return  # only root gives each sandbox a uid of its own
+    first = await create(client)
+    record = Path(first["workspace"]).parent / "sandbox.json"
+    first_uid = json.loads(record.read_text())["uid"]
+    r = await client.delete(f"/v1/sandboxes/{first['id']}")
+    assert r.status == 204
+    second = await create(client)
+    second_uid = json.loads((Path(second["workspace"]).parent / "sandbox.json").read_text())["uid"]
+    assert second_uid != first_uid
+    assert Path(second["workspace"]).stat().st_uid == second_uid
