@@ -1,4 +1,8 @@
-"""The command line: thin click wrappers over daemon.py and client.py."""
+"""The command line: thin click wrappers over daemon.py and client.py.
+
+The daemon's own commands are here; the client commands (create, exec, ...)
+and the MCP server are in cli_client.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sandboxd import __version__, daemon, doctor, listen, logs, paths, toolchains
+from sandboxd import __version__, cli_client, daemon, doctor, listen, logs, paths, toolchains
 from sandboxd.client import ClientError, NotRunning, call
 from sandboxd.config import ConfigError, Settings, load_settings
 
@@ -246,3 +250,7 @@ def toolchains_install(ctx: click.Context) -> None:
     except toolchains.ProvisionError as exc:
         raise click.ClickException(f"could not install the test runners: {exc}") from None
     click.echo("A running daemon picks these up when restarted (sandboxd stop; sandboxd start).")
+
+
+for _command in cli_client.COMMANDS:
+    main.add_command(_command)
