@@ -420,7 +420,8 @@ def rm(ctx: click.Context, sandbox_ids: tuple[str, ...], as_json: bool) -> None:
     "roots",
     multiple=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder upload_folder may read (repeatable) [default: the current folder].",
+    help="A folder upload_folder may read (repeatable) "
+    "[default: the current folder, unless it is / or the home folder].",
 )
 @click.pass_context
 def mcp_cmd(ctx: click.Context, roots: tuple[Path, ...]) -> None:
@@ -434,7 +435,16 @@ def mcp_cmd(ctx: click.Context, roots: tuple[Path, ...]) -> None:
             "the MCP server needs the official MCP SDK: pip install 'sandboxd[mcp]' "
             "(in a checkout: .venv/bin/pip install -e '.[mcp]')"
         ) from None
-    mcp_server.serve(_socket(ctx), list(roots) or [Path.cwd()])
+    mcp_server.serve(_socket(ctx), list(roots) or default_roots())
+
+
+def default_roots() -> list[Path]:
+    """The folder the agent started the server in, as its project; but not / or the
+    home folder (a client that starts servers anywhere), which would open everything."""
+    here = Path.cwd().resolve()
+    if here == Path("/") or here == Path.home().resolve():
+        return []
+    return [here]
 
 
 COMMANDS = [create, ls, put, upload, exec_cmd, get, files, rm, mcp_cmd]

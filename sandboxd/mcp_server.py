@@ -7,8 +7,9 @@ the daemon stays the one place that enforces anything.
 
 Two choices for agents:
 - ``upload_folder`` reads host folders, so it is limited to the folders
-  given with ``--root`` (by default the folder the server started in): a
-  model told by a web page to "upload ~/.ssh" gets a refusal.
+  given with ``--root`` (by default the folder the server started in,
+  unless that is / or the home folder): a model told by a web page to
+  "upload ~/.ssh" gets a refusal.
 - Command output streams while it runs as progress notifications (to a
   client that asks for progress); the result keeps at most the last
   ``MAX_OUTPUT_CHARS`` characters, so a noisy build does not flood the
@@ -104,6 +105,11 @@ def allowed_folder(folder: str, roots: list[Path]) -> Path:
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise ToolError(f"{folder} is not a folder on this machine")
+    if not roots:
+        raise ToolError(
+            "this server may read no folder (it was started in / or the home folder): "
+            "start it as `sandboxd mcp --root DIR` to let upload_folder read DIR"
+        )
     real = Path(os.path.realpath(path))
     if not any(real.is_relative_to(os.path.realpath(root)) for root in roots):
         raise ToolError(

@@ -227,6 +227,15 @@ async def test_upload_folder_reads_only_under_its_roots(daemon: Daemon, short_tm
         assert allowed["files"] == 1
 
 
+async def test_started_in_the_root_folder_it_reads_no_folder(daemon: Daemon, short_tmp: Path):
+    make_project(short_tmp)
+    async with mcp_session(daemon.socket_path, Path("/")) as session:
+        sandbox_id = (await call(session, "create_sandbox"))["id"]
+        refused = await error_of(session, "upload_folder", sandbox_id=sandbox_id,
+                                 folder=str(short_tmp / "proj"))  # fmt: skip
+    assert "may read no folder" in refused and "--root" in refused
+
+
 async def test_a_daemon_that_is_not_running_is_a_readable_tool_error(short_tmp: Path):
     async with mcp_session(short_tmp / "none.sock", short_tmp) as session:
         message = await error_of(session, "create_sandbox")
