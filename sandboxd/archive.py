@@ -15,6 +15,7 @@ import re
 import stat
 import zipfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from sandboxd.errors import ArchiveTooLarge, InvalidArchive, UnsafePath
 from sandboxd.workspace import NAME_MAX, Owner
 
 _CHUNK = 1024 * 1024
+_OPEN_FOLDERS = 64
+_DIR_OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -152,18 +155,19 @@ def _chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[bytes]:
 
 def extract(archive: Path, staging: Path, limits: ArchiveLimits, owner: Owner | None) -> Extracted:
     """Validate ``archive`` and write it out below ``staging`` (an empty folder of ours)."""
-    with _open(archive) as zf:
+    with _open(archive) as zf, _Folders(staging) as folders:
         entries = plan(zf, limits)
         total = 0
         count = 0
         for info, parts, is_dir in entries:
-            target = staging.joinpath(*parts)
             if is_dir:
-                target.mkdir(parents=True, exist_ok=True)
+                folders.fd(parts)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
             executable = bool((info.external_attr >> 16) & 0o111)
-            fd = os.open(target, _CREATE_FLAGS, 0o755 if executable else 0o644)
+            fd = os.open(
+                parts[-1], _CREATE_FLAGS, 0o755 if executable else 0o644,
+                dir_fd=folders.fd(parts[:-1]),
+            )  # fmt: skip
             try:
                 for chunk in _chunks(zf, info):
                     total += len(chunk)
@@ -183,6 +187,48 @@ def extract(archive: Path, staging: Path, limits: ArchiveLimits, owner: Owner | 
         if owner is not None:
             _chown_tree(staging, owner)
     return Extracted(files=count, bytes=total)
+
+
+class _Folders:
+    """Descriptors of the staging folders, each made on first use.
+
+    Files are created relative to their folder's descriptor, so no path is
+    walked again per file. At most _OPEN_FOLDERS stay open (the least
+    recently used are closed and reopened when needed again), so an archive
+    with thousands of folders cannot run the daemon out of descriptors.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._fds: OrderedDict[tuple[str, ...], int] = OrderedDict()
+
+    def fd(self, parts: tuple[str, ...]) -> int:
+        found = self._fds.get(parts)
+        if found is not None:
+            self._fds.move_to_end(parts)
+            return found
+        if parts:
+            parent = self.fd(parts[:-1])
+            try:
+                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = os.open(parts[-1], _DIR_OPEN_FLAGS, dir_fd=parent)
+        else:
+            fd = os.open(self._root, _DIR_OPEN_FLAGS)
+        self._fds[parts] = fd
+        while len(self._fds) > _OPEN_FOLDERS:
+            _, oldest = self._fds.popitem(last=False)
+            os.close(oldest)
+        return fd
+
+    def __enter__(self) -> _Folders:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -74,6 +75,8 @@ from sandboxd.workspace import (
     validate_filename,
 )
 
+log = logging.getLogger("sandboxd.sandboxes")
+
 RECORD = "sandbox.json"
 _LIST_LIMIT = 100_000  # entries in one listing; more is reported as truncated
 
@@ -95,6 +98,7 @@ class _Live:
     # The last command left the workspace over its quota: checked again (a
     # walk of the workspace) before the next one runs.
     over_quota: bool = False
+    _workspace_text: str | None = None  # cached: listing 10,000 sandboxes is hot
 
     @property
     def workspace(self) -> Path:
@@ -109,6 +113,8 @@ class _Live:
         return self.root / "tmp"
 
     def to_model(self) -> Sandbox:
+        if self._workspace_text is None:
+            self._workspace_text = str(self.workspace)
         if self.running:
             status = SandboxStatus.running
         elif self.last_exec_at is None:
@@ -122,7 +128,7 @@ class _Live:
             created_at=self.created_at,
             labels=self.labels,
             network=self.network,
-            workspace=str(self.workspace),
+            workspace=self._workspace_text,
             running_commands=len(self.running),
             last_exec_at=self.last_exec_at,
         )
@@ -171,6 +177,7 @@ class SandboxManager:
         self._dir_mode = 0o711 if self.as_root else 0o700
         self._sandboxes: dict[str, _Live] = {}
         self._uids_in_use: set[int] = set()
+        self._burials: set[asyncio.Task[None]] = set()
         self._next_uid_offset = 0
         self._running = 0
         self._closing = False
@@ -236,9 +243,16 @@ class SandboxManager:
             _write_atomic(root / RECORD, json.dumps(live.record()).encode())
         if live.owner is not None:
             self._uids_in_use.add(live.owner.uid)
-        # Uploads that were being received when the daemon stopped.
-        remove_tree(live.tmp)
-        live.tmp.mkdir(mode=0o700)
+        # Uploads that were being received when the daemon stopped (usually
+        # none: then the folder is left as it is, which keeps start-up fast).
+        try:
+            with os.scandir(live.tmp) as leftovers:
+                dirty = next(leftovers, None) is not None
+        except FileNotFoundError:
+            dirty = True
+        if dirty:
+            remove_tree(live.tmp)
+            live.tmp.mkdir(mode=0o700)
         return live
 
     def _allocate_owner(self) -> Owner | None:
@@ -287,11 +301,13 @@ class SandboxManager:
             remove_tree(probe)
 
     async def close(self) -> None:
-        """Refuse new work and kill every running command."""
+        """Refuse new work, kill every running command, finish removing deleted sandboxes."""
         self._closing = True
         for live in self._sandboxes.values():
             for run in list(live.running):
                 run.kill()
+        if self._burials:
+            await asyncio.gather(*self._burials, return_exceptions=True)
 
     # -- registry ---------------------------------------------------------------
 
@@ -384,10 +400,22 @@ class SandboxManager:
             run.kill()
         del self._sandboxes[sandbox_id]
         grave = self.trash_dir / f"{sandbox_id}-{secrets.token_hex(4)}"
+        # Once renamed into trash/ the sandbox is gone for every client (and a
+        # crash from here on is finished at the next start): the files are
+        # removed after the answer, and the uid is free once they are.
         os.rename(live.root, grave)
-        await asyncio.to_thread(remove_tree, grave)
-        if live.owner:
-            self._uids_in_use.discard(live.owner.uid)
+        task = asyncio.create_task(self._bury(grave, live.owner))
+        self._burials.add(task)
+        task.add_done_callback(self._burials.discard)
+
+    async def _bury(self, grave: Path, owner: Owner | None) -> None:
+        try:
+            await asyncio.to_thread(remove_tree, grave)
+        except OSError:
+            log.exception("could not remove %s; it is retried at the next start", grave)
+        finally:
+            if owner:
+                self._uids_in_use.discard(owner.uid)
 
     # -- uploads ----------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 
 from sandboxd.config import Settings
 from tests.conftest import form_with_file, make_zip
-from tests.security.helpers import expect_problem, file_digest, run, snapshot
+from tests.security.helpers import expect_problem, file_digest, run, snapshot, wait_until
 
 
 @pytest.fixture
@@ -143,7 +143,8 @@ async def test_delete_leaves_link_targets_intact(
     assert snapshot(victim) == before
     assert stat.S_IMODE(os.stat(victim).st_mode) == 0o755
     assert file_digest("/etc/passwd") == passwd
-    assert os.listdir(settings.data_dir / "trash") == []
+    # The files are removed just after the answer, in the background.
+    assert await wait_until(lambda: not os.listdir(settings.data_dir / "trash"), 10)
     for top in ("/etc", "/usr", "/tmp"):
         assert os.path.isdir(top)
 
@@ -164,7 +165,8 @@ async def test_delete_removes_a_folder_the_code_made_mode_000(
     r = await client.delete(f"/v1/sandboxes/{sandbox['id']}")
     assert r.status == 204
     assert not os.path.lexists(ws.parent)
-    assert os.listdir(settings.data_dir / "trash") == []
+    # The files are removed just after the answer, in the background.
+    assert await wait_until(lambda: not os.listdir(settings.data_dir / "trash"), 10)
     assert os.listdir(settings.data_dir / "sandboxes") == []
 
 

@@ -61,7 +61,8 @@ async def _delete_during_upload(client: Any, settings: Settings, endpoint: str) 
     answer = await asyncio.wait_for(upload, 15)
     # Whatever the answer, the sandbox is gone without leftovers.
     assert os.listdir(settings.data_dir / "sandboxes") == []
-    assert os.listdir(settings.data_dir / "trash") == []
+    # The files are removed just after the answer, in the background.
+    assert await wait_until(lambda: not os.listdir(settings.data_dir / "trash"), 10)
     return answer
 
 

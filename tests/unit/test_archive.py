@@ -480,3 +480,21 @@ def test_corrupt_directory_offset_is_invalid_archive(tmp_path: Path) -> None:
     struct.pack_into("<I", data, eocd + 16, offset + 1000)
     with pytest.raises(InvalidArchive):
         run_extract(tmp_path, bytes(data))
+
+
+def test_many_folders_do_not_exhaust_descriptors(tmp_path: Path) -> None:
+    # More folders than the daemon could keep open at once (RLIMIT_NOFILE is
+    # often 1024): the staging folders' descriptors are reused, not piled up.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(1500):
+            zf.writestr(f"d{i % 300}/sub{i}/f.txt", str(i))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    archive = tmp_path / "a.zip"
+    archive.write_bytes(buf.getvalue())
+    before = len(os.listdir("/proc/self/fd"))
+    result = extract(archive, staging, ArchiveLimits(10**9, 10**5, 1024), None)
+    assert result.files == 1500
+    assert (staging / "d7" / "sub1207" / "f.txt").read_text() == "1207"
+    assert len(os.listdir("/proc/self/fd")) == before
