@@ -78,6 +78,7 @@ from sandboxd.workspace import (
 log = logging.getLogger("sandboxd.sandboxes")
 
 RECORD = "sandbox.json"
+_REAP_SECONDS = 1.0
 _LIST_LIMIT = 100_000  # entries in one listing; more is reported as truncated
 
 
@@ -178,6 +179,7 @@ class SandboxManager:
         self._sandboxes: dict[str, _Live] = {}
         self._uids_in_use: set[int] = set()
         self._burials: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._next_uid_offset = 0
         self._running = 0
         self._closing = False
@@ -190,6 +192,8 @@ class SandboxManager:
         """Create the layout, finish interrupted creates and deletes, load records."""
         runner.become_subreaper()
         runner.leave_session_keyring()
+        with contextlib.suppress(RuntimeError):  # no event loop: nothing runs yet
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_periodically())
         for d in (self.data_dir, self.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, self._dir_mode)
@@ -300,6 +304,12 @@ class SandboxManager:
         finally:
             remove_tree(probe)
 
+    async def _reap_periodically(self) -> None:
+        # Orphans of bwrap may exit after the reap that follows each exec.
+        while True:
+            await asyncio.sleep(_REAP_SECONDS)
+            runner.reap_orphans()
+
     async def close(self) -> None:
         """Refuse new work, kill every running command, finish removing deleted sandboxes."""
         self._closing = True
@@ -308,6 +318,13 @@ class SandboxManager:
                 run.kill()
         if self._burials:
             await asyncio.gather(*self._burials, return_exceptions=True)
+        if self._reaper is not None:
+            self._reaper.cancel()
+        # Zombies left unreaped now would go to PID 1, which may never reap
+        # them, and count against their uid's process limit for good.
+        for _ in range(20):
+            runner.reap_orphans()
+            await asyncio.sleep(0.025)
 
     # -- registry ---------------------------------------------------------------
 

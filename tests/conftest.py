@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,11 +38,23 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def uid_range_for_test() -> tuple[int, int]:
+    """A uid range of its own for each test's daemon (when run as root).
+
+    Sandbox uids are per daemon; tests that shared one range would share
+    process counts, and on a machine whose PID 1 does not reap, zombies.
+    """
+    return 1_000_000 + random.randrange(100_000) * 1000, 1000
+
+
 def make_settings(root: Path, **limits: Any) -> Settings:
+    start, count = uid_range_for_test()
     return Settings(
         socket_path=root / "s.sock",
         data_dir=root / "data",
         limits=Limits(**limits),
+        sandbox_uid_start=start,
+        sandbox_uid_count=count,
     )
 
 

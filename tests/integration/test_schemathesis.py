@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import uid_range_for_test
+
 CHECKS = ",".join(
     (
         "not_a_server_error",
@@ -34,7 +36,9 @@ def test_schemathesis_finds_no_failure(short_tmp: Path):
     port = _free_port()
     config = short_tmp / "config.toml"
     (short_tmp / "conf").mkdir()
+    start, count = uid_range_for_test()
     config.write_text(
+        f"sandbox_uid_start = {start}\nsandbox_uid_count = {count}\n"
         f'[listen]\ntoken_file = "{short_tmp / "conf" / "token"}"\n'
         "[limits]\nexec_timeout_default = 5.0\nexec_timeout_max = 5.0\n"
     )
