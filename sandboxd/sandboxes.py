@@ -533,9 +533,12 @@ class SandboxManager:
                 out.unlink()
         return fd, os.fstat(fd).st_size
 
-    async def put_archive(self, sandbox_id: str, chunks: AsyncIterator[bytes]) -> ArchiveUploaded:
+    async def put_archive(
+        self, sandbox_id: str, chunks: AsyncIterator[bytes], folder: str | None = None
+    ) -> ArchiveUploaded:
         self._check_open()
         live = self._get(sandbox_id)
+        parts = split_path(folder) if folder else ()
         path = await self._receive(live, chunks)
         self._ensure_present(live)
         staging = live.tmp / f"staging-{secrets.token_hex(8)}"
@@ -553,7 +556,7 @@ class SandboxManager:
             )
             self._ensure_present(live)
             await self._check_quota(live, extracted.bytes)
-            await asyncio.to_thread(merge_tree, staging, live.workspace)
+            await asyncio.to_thread(merge_tree, staging, live.workspace, parts, live.owner)
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -32,6 +32,7 @@ from sandboxd.models import (
     SandboxList,
     Version,
 )
+from sandboxd.problems import HTTP_CODES, status_for
 from sandboxd.sandboxes import SandboxManager
 
 log = logging.getLogger("sandboxd.server")
@@ -56,47 +57,6 @@ def settings_of(app: web.Application) -> Settings:
 
 
 _CHUNK = 256 * 1024
-
-# The one table from error class to HTTP status. Subclasses are listed
-# before the classes they refine; the first match wins.
-STATUS: list[tuple[type[errors.SandboxdError], int]] = [
-    (errors.SandboxNotFound, 404),
-    (errors.SandboxDeleted, 410),
-    (errors.LegacyField, 422),
-    (errors.InvalidRequest, 422),
-    (errors.MalformedBody, 400),
-    (errors.UnsupportedMediaType, 415),
-    (errors.PayloadTooLarge, 413),
-    (errors.QuotaExceeded, 413),
-    (errors.TooManyRequests, 429),
-    (errors.ArchiveTooLarge, 413),
-    (errors.InvalidArchive, 422),
-    (errors.MissingFile, 400),
-    (errors.UnsafePath, 400),
-    (errors.PathConflict, 409),
-    (errors.NotAFolder, 422),
-    (errors.NotAFile, 422),
-    (errors.FileNotInWorkspace, 404),
-    (errors.ToolchainMissing, 503),
-    (errors.NetworkUnavailable, 503),
-    (errors.ShuttingDown, 503),
-    (errors.SandboxSetupFailed, 500),
-    (errors.SandboxdError, 500),
-]
-
-# aiohttp's own refusals (no route, wrong method, body over client_max_size).
-_HTTP_CODES = {
-    404: ("not_found", "No such endpoint"),
-    405: ("method_not_allowed", "Method not allowed"),
-    413: ("payload_too_large", "The request body is too large"),
-}
-
-
-def status_for(exc: errors.SandboxdError) -> int:
-    for cls, status in STATUS:
-        if isinstance(exc, cls):
-            return status
-    return 500
 
 
 def problem_response(
@@ -135,7 +95,7 @@ async def error_middleware(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code, title = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
+        code, title = HTTP_CODES.get(exc.status, ("http_error", exc.reason))
         detail = {
             404: f"There is no endpoint at {request.path}.",
             405: f"{request.method} is not allowed on {request.path}.",
@@ -383,8 +343,8 @@ async def upload_archive(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     sandbox_id = request.match_info["id"]
     manager.get(sandbox_id)
-    part, _ = await file_part(request)
-    result = await manager.put_archive(sandbox_id, chunks_of(part))
+    part, fields = await file_part(request)
+    result = await manager.put_archive(sandbox_id, chunks_of(part), folder=fields.get("path"))
     return json_response(result, 201)
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from sandboxd import errors
 from sandboxd.execution import Event
 from sandboxd.models import ExecRequest, ExecResult
+from sandboxd.problems import status_for
 from sandboxd.sandboxes import SandboxManager
 
 log = logging.getLogger("sandboxd.sse")
@@ -76,7 +77,12 @@ async def stream_exec(
             result = task.result()
             await response.write(_frame("result", result.model_dump_json()))
         except errors.SandboxdError as exc:
-            problem = {"code": exc.code, "title": exc.title, "detail": exc.detail}
+            problem = {
+                "code": exc.code,
+                "title": exc.title,
+                "detail": exc.detail,
+                "status": status_for(exc),
+            }
             await response.write(_frame("error", json.dumps(problem)))
         await response.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):

@@ -188,15 +188,26 @@ def _do_merge(src_fd: int, dst_fd: int) -> None:
             os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
 
-def merge_tree(staging: Path, workspace: Path) -> None:
-    """Move a fully validated tree into the workspace, files replacing files.
+def merge_tree(
+    staging: Path, workspace: Path, folder: tuple[str, ...] = (), owner: Owner | None = None
+) -> None:
+    """Move a fully validated tree into the workspace (or ``folder`` in it), files
+    replacing files.
 
     All conflicts (a folder against a file) are found before anything moves,
-    so a refused merge leaves the workspace as it was.
+    so a refused merge leaves the workspace as it was. A missing ``folder`` is
+    made (nothing can conflict inside a new folder).
     """
-    with open_dir(staging) as src_fd, open_dir(workspace) as dst_fd:
-        _check_merge(src_fd, dst_fd, "")
-        _do_merge(src_fd, dst_fd)
+    with open_dir(staging) as src_fd:
+        try:
+            dst_fd = walk_to(workspace, folder)
+        except NotAFolder:
+            dst_fd = walk_to(workspace, folder, create=True, owner=owner)
+        try:
+            _check_merge(src_fd, dst_fd, "/".join(folder) + "/" if folder else "")
+            _do_merge(src_fd, dst_fd)
+        finally:
+            os.close(dst_fd)
 
 
 def disk_usage(path: Path) -> int:

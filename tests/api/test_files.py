@@ -157,3 +157,23 @@ def _form(path: str, name: str, data: bytes):
     form.add_field("path", path)
     form.add_field("file", data, filename=name, content_type="application/octet-stream")
     return form
+
+
+async def test_zip_upload_into_a_subfolder(client):
+    import io
+    import zipfile as zf_mod
+
+    made = await sandbox(client)
+    buf = io.BytesIO()
+    with zf_mod.ZipFile(buf, "w") as zf:
+        zf.writestr("a/b.txt", "b")
+    form = _form(path="vendor/lib", name="lib.zip", data=buf.getvalue())
+    r = await client.post(f"/v1/sandboxes/{made['id']}/upload", data=form)
+    assert r.status == 201, await r.text()
+    assert (Path(made["workspace"]) / "vendor" / "lib" / "a" / "b.txt").read_text() == "b"
+    # Through a planted link: refused, nothing written.
+    await run(client, made["id"], "ln -s /tmp link")
+    form = _form(path="link/x", name="lib.zip", data=buf.getvalue())
+    r = await client.post(f"/v1/sandboxes/{made['id']}/upload", data=form)
+    assert r.status == 422
+    assert (await r.json())["code"] == "not_a_folder"

@@ -8,7 +8,7 @@ import sandboxd.client as client
 from sandboxd import errors
 from sandboxd.client import errors as client_errors
 from sandboxd.client.errors import ERRORS, error_from_problem
-from sandboxd.server import _HTTP_CODES
+from sandboxd.problems import HTTP_CODES
 
 
 def _daemon_error_classes() -> list[type[errors.SandboxdError]]:
@@ -27,7 +27,7 @@ def test_every_code_the_daemon_raises_has_a_class():
 
 
 def test_the_codes_of_aiohttps_own_refusals_have_classes_too():
-    for code, _title in _HTTP_CODES.values():
+    for code, _title in HTTP_CODES.values():
         assert code in ERRORS
     assert ERRORS["not_found"] is client.NotFound
     assert ERRORS["method_not_allowed"] is client.MethodNotAllowed
