@@ -77,7 +77,7 @@ async def run(
                 )
 
                 sleeper = asyncio.ensure_future(
-                    http.post(f"/v1/sandboxes/{made['id']}/exec", json={"command": "sleep 0.5"})
+                    http.post(f"/v1/sandboxes/{made['id']}/exec", json={"command": "sleep 2"})
                 )
                 checks["reference_argv"] = await check_matches_daemon(
                     raw, main.pid, main.data_dir, workspace.parent, sleeper

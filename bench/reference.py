@@ -208,6 +208,25 @@ def _bwrap_children(daemon_pid: int) -> list[int]:
     return pids
 
 
+def _settled_bwrap_child(daemon_pid: int) -> tuple[int, list[str]] | None:
+    """A bwrap child of the daemon and its argv, once that argv can be read.
+
+    The kernel renames a process (``comm``) before the ELF loader has set up
+    the new argument area, so for a moment mid-exec, and again once the
+    process is a zombie, /proc/PID/cmdline reads empty: such a child is not
+    ready yet and the caller polls again.
+    """
+    for pid in _bwrap_children(daemon_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        except OSError:
+            continue
+        if "--" in argv:
+            return pid, argv
+    return None
+
+
 def _ids(pid: int) -> tuple[int, int]:
     uid = gid = -1
     with open(f"/proc/{pid}/status") as f:
@@ -287,17 +306,15 @@ async def check_matches_daemon(
     seccomp program) the daemon holds for it.
     """
     deadline = time.monotonic() + 10
-    pids: list[int] = []
-    while time.monotonic() < deadline and not pids:
-        pids = _bwrap_children(daemon_pid)
-        if not pids:
+    found = None
+    while time.monotonic() < deadline and found is None:
+        found = _settled_bwrap_child(daemon_pid)
+        if found is None:
             await asyncio.sleep(0.005)
-    if not pids:
+    if found is None:
         await running
         return {"matches": False, "detail": "found no bwrap child of the daemon"}
-    pid = pids[0]
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        daemon_argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+    pid, daemon_argv = found
     ids = _ids(pid)
     limits = _limits(pid)
     memfds = _memfds(daemon_pid)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +74,56 @@ def test_quick_bench_produces_every_row():
     check = doc["checks"]["reference_argv"]
     assert check["matches"], check["detail"]
     assert doc["plan"]["quick"] is True
+
+
+def test_reference_check_waits_for_a_readable_argv(tmp_path: Path) -> None:
+    """A bwrap child whose cmdline reads empty (mid-exec, or a zombie) is not taken.
+
+    CI once read the argv of the daemon's bwrap in the instant the kernel had
+    renamed the process but not yet filled in its arguments, and the check
+    crashed on an empty list. Here a child named bwrap exits and stays a
+    zombie (unreaped), the same empty cmdline.
+    """
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.reference import _bwrap_children, _settled_bwrap_child
+    finally:
+        sys.path.remove(str(ROOT))
+    fake = tmp_path / "bwrap"
+    fake.symlink_to("/bin/true")
+    child = subprocess.Popen([str(fake), "--", "x"])
+    try:
+        deadline = time.monotonic() + 10
+        while _state(child.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(child.pid) == "Z"
+        assert child.pid in _bwrap_children(os.getpid())
+        assert _settled_bwrap_child(os.getpid()) is None
+    finally:
+        child.wait()
+
+
+def test_reference_check_reads_a_live_bwrap_argv(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.reference import _settled_bwrap_child
+    finally:
+        sys.path.remove(str(ROOT))
+    fake = tmp_path / "bwrap"
+    fake.symlink_to("/bin/sleep")
+    child = subprocess.Popen([str(fake), "--", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        found = None
+        while found is None and time.monotonic() < deadline:
+            found = _settled_bwrap_child(os.getpid())
+            time.sleep(0.01)
+        assert found == (child.pid, [str(fake), "--", "30"])
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
