@@ -22,7 +22,7 @@ from sandboxd.errors import SandboxSetupFailed
 from sandboxd.models import CommandResult, ExecRequest, ExecResult, TestsResult
 from sandboxd.runner import SPAWNED, Capture, Outcome, SandboxProcess, spawning
 from sandboxd.toolchains import Toolchain
-from sandboxd.workspace import Owner, disk_usage, resolve_folder
+from sandboxd.workspace import Owner, resolve_folder, workspace_usage
 
 _QUOTA_CHECK_SECONDS = 1.0
 _TEST_STREAMS = ("runner_stdout", "runner_stderr", "ctl")
@@ -68,7 +68,9 @@ def _memfd(name: str, data: bytes) -> int:
     A memfd, not a pipe: a pipe holds 64 KiB before the writer blocks, and a
     command can be longer than that.
     """
-    fd = os.memfd_create(name, 0)  # inheritable: bwrap must see it
+    # Close-on-exec like every descriptor of ours: the spawn hands it to its
+    # own bwrap only, never to another sandbox started meanwhile.
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
         while view:
@@ -175,7 +177,7 @@ class Execution:
     async def _watch_quota(self) -> None:
         while True:
             await asyncio.sleep(_QUOTA_CHECK_SECONDS)
-            used = await asyncio.to_thread(disk_usage, self.place.workspace)
+            used = await workspace_usage(self.place.workspace)
             if used > self.place.workspace_quota:
                 self.quota_exceeded = True
                 self.proc.kill()
@@ -281,8 +283,11 @@ class Execution:
             argv = bwrap.build_argv(spec, place.bwrap, args_fd=fds["args"])
             watcher = asyncio.create_task(self._watch_quota())
             try:
+                # stdin becomes descriptor 0 and only that: under its own number
+                # too, the command would find it open a second time.
+                passed = [fd for name, fd in fds.items() if name != "stdin"]
                 outcome = await self.proc.run(
-                    argv, timeout, pass_fds=list(fds.values()), stdin=fds.get("stdin")
+                    argv, timeout, pass_fds=passed, stdin=fds.get("stdin")
                 )
             finally:
                 watcher.cancel()
@@ -290,7 +295,7 @@ class Execution:
                 # checks is caught here: the answer says so, and the next exec
                 # is refused until files are deleted.
                 if not self.quota_exceeded:
-                    used = await asyncio.to_thread(disk_usage, place.workspace)
+                    used = await workspace_usage(place.workspace)
                     self.quota_exceeded = used > place.workspace_quota
                 if attach is not None:
                     attach.cancel()

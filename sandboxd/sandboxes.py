@@ -67,12 +67,12 @@ from sandboxd.models import (
 from sandboxd.toolchains import Toolchain
 from sandboxd.workspace import (
     Owner,
-    disk_usage,
     install_file,
     merge_tree,
     remove_tree,
     split_path,
     validate_filename,
+    workspace_usage,
 )
 
 log = logging.getLogger("sandboxd.sandboxes")
@@ -192,6 +192,7 @@ class SandboxManager:
         """Create the layout, finish interrupted creates and deletes, load records."""
         runner.become_subreaper()
         runner.leave_session_keyring()
+        runner.seal_descriptors()
         with contextlib.suppress(RuntimeError):  # no event loop: nothing runs yet
             self._reaper = asyncio.get_running_loop().create_task(self._reap_periodically())
         for d in (self.data_dir, self.sandboxes_dir):
@@ -461,7 +462,7 @@ class SandboxManager:
         return path
 
     async def _check_quota(self, live: _Live, adding: int) -> None:
-        used = await asyncio.to_thread(disk_usage, live.workspace)
+        used = await workspace_usage(live.workspace)
         quota = self.limits.workspace_bytes
         if used + adding > quota:
             raise QuotaExceeded(

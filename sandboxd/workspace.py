@@ -8,6 +8,7 @@ and entries are replaced with rename(2), which never follows the target.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -210,32 +211,59 @@ def merge_tree(
             os.close(dst_fd)
 
 
-def disk_usage(path: Path) -> int:
-    """Bytes a tree takes on disk, walked by descriptor without following links."""
+def disk_usage(path: Path, max_entries: int | None = None) -> int | None:
+    """Bytes a tree takes on disk, walked by descriptor without following links.
+
+    With ``max_entries``, gives up (None) after looking at that many entries:
+    a small workspace is then measured in the event loop, faster than a hop
+    to a thread, and a big one is left to a thread.
+    """
     total = 0
+    seen = 0
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError:
         return 0
     stack = [fd]
-    while stack:
-        dir_fd = stack.pop()
-        try:
-            with os.scandir(dir_fd) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        with contextlib.suppress(OSError):
-                            stack.append(os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd))
-        except OSError:
-            pass
-        finally:
-            os.close(dir_fd)
+    try:
+        while stack:
+            dir_fd = stack.pop()
+            try:
+                with os.scandir(dir_fd) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if max_entries is not None and seen > max_entries:
+                            return None
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        total += st.st_blocks * 512
+                        if stat.S_ISDIR(st.st_mode):
+                            with contextlib.suppress(OSError):
+                                stack.append(os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd))
+            except OSError:
+                pass
+            finally:
+                os.close(dir_fd)
+    finally:
+        for left in stack:
+            os.close(left)
     return total
+
+
+async def workspace_usage(path: Path) -> int:
+    """``disk_usage`` without blocking the event loop for long: up to
+    INLINE_ENTRIES entries are counted in place, more in a thread."""
+    used = disk_usage(path, INLINE_ENTRIES)
+    if used is None:
+        used = await asyncio.to_thread(disk_usage, path)
+    assert used is not None
+    return used
+
+
+# About 0.1 ms of walking, less than handing the walk to a thread and back.
+INLINE_ENTRIES = 32
 
 
 def _make_removable(dir_fd: int) -> None:

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,14 +124,18 @@ class Daemon:
             self.argv(*args), capture_output=True, text=True, timeout=timeout, check=check
         )
 
-    def start(self) -> None:
+    def start(self, pass_fds: Sequence[int] = (), close_stdin: bool = False) -> None:
+        """Start it; ``pass_fds`` and ``close_stdin`` start it the way a careless
+        parent would (a leaked descriptor, no standard input)."""
         self.log_path = self.root / "daemon.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
             self.argv("serve"),
             stdout=log,
             stderr=log,
-            stdin=subprocess.DEVNULL,
+            stdin=None if close_stdin else subprocess.DEVNULL,
+            pass_fds=pass_fds,
+            preexec_fn=(lambda: os.close(0)) if close_stdin else None,
         )
         log.close()
         deadline = time.monotonic() + 20

@@ -144,11 +144,13 @@ async def test_commands_files_and_failures(daemon: Daemon, short_tmp: Path):
             session, "write_file", sandbox_id=sandbox_id, path="src/app.py", content="print(6*7)\n"
         )
         assert written["path"] == "src/app.py"
+        # Across stdout and stderr, `output` is in the order the daemon read
+        # them: the pause keeps that order certain on a loaded machine.
         ran = await call(
             session,
             "run_command",
             sandbox_id=sandbox_id,
-            command='python3 app.py; echo "$X" >&2; cat; exit 3',
+            command='python3 app.py; echo "$X" >&2; sleep 0.2; cat; exit 3',
             cwd="src",
             env={"X": "set"},
             stdin="fed\n",

@@ -6,22 +6,26 @@ and check that nothing outside is ever written, moved or chmodded.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandboxd.errors import PathConflict, UnsafePath
 from sandboxd.workspace import (
+    INLINE_ENTRIES,
     disk_usage,
     install_file,
     merge_tree,
     remove_tree,
     validate_filename,
+    workspace_usage,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -429,6 +433,45 @@ def test_disk_usage_does_not_follow_links(tmp_path: Path, dirs: tuple[Path, Path
     link = tmp_path / "link"
     link.symlink_to(outside)
     assert disk_usage(link) == 0
+
+
+def test_disk_usage_gives_up_past_max_entries_and_closes_what_it_opened(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "tree"
+    for i in range(10):
+        (tree / f"d{i}").mkdir(parents=True)
+        (tree / f"d{i}" / "f").write_bytes(b"x" * 5000)
+    full = disk_usage(tree)
+    assert full is not None and full >= 10 * 4096
+    assert disk_usage(tree, max_entries=20) == full  # 10 folders + 10 files
+    before = len(os.listdir("/proc/self/fd"))
+    assert disk_usage(tree, max_entries=19) is None
+    assert disk_usage(tree, max_entries=3) is None
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+async def test_workspace_usage_measures_small_trees_in_place_and_big_ones_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir()
+    (small / "f").write_bytes(b"x" * 5000)
+    big.mkdir()
+    for i in range(INLINE_ENTRIES + 1):
+        (big / f"f{i}").write_bytes(b"x" * 5000)
+    threaded: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def spy(func: Any, *args: Any) -> Any:
+        threaded.append(args[0])
+        return await real_to_thread(func, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    assert await workspace_usage(small) == disk_usage(small)
+    assert threaded == []
+    assert await workspace_usage(big) == disk_usage(big)
+    assert threaded == [big]
 
 
 def test_disk_usage_counts_blocks_not_sparse_size(tmp_path: Path) -> None:
