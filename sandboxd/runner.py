@@ -50,7 +50,7 @@ SPAWNED: set[int] = set()
 # While a spawn is under way its pid is not known yet: reaping then could take
 # a child asyncio is about to watch.
 _spawning = 0
-_ORPHAN_NAMES = ("bwrap",)
+_ORPHAN_NAMES = (b"bwrap",)
 
 
 @contextlib.contextmanager
@@ -137,8 +137,11 @@ def reap_orphans() -> int:
         if info is None or info.si_pid in SPAWNED:
             break
         try:
-            with open(f"/proc/{info.si_pid}/comm") as comm:
-                name = comm.read().strip()
+            fd = os.open(f"/proc/{info.si_pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                name = os.read(fd, 64).strip()
+            finally:
+                os.close(fd)
         except OSError:
             break
         if name not in _ORPHAN_NAMES:
@@ -287,7 +290,7 @@ class SandboxProcess:
 
     def _on_status(self, data: bytes) -> None:
         self._status.extend(data)
-        if not self.child_pid.done():
+        if not self.child_pid.done() and b'"child-pid"' in self._status:
             for doc in _parse_status(bytes(self._status)):
                 if "child-pid" in doc:
                     self.child_pid.set_result(int(doc["child-pid"]))
@@ -486,10 +489,13 @@ def _executable(name: str) -> str:
     return found
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _parse_status(raw: bytes) -> list[dict[str, Any]]:
     """bwrap writes several JSON documents, one after another, to the status fd."""
     docs: list[dict[str, Any]] = []
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     text = raw.decode("utf-8", errors="replace")
     pos = 0
     while True:
