@@ -7,6 +7,7 @@ and that the raw-bwrap reference still runs what the daemon runs.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,44 +86,47 @@ def test_reference_check_waits_for_a_readable_argv(tmp_path: Path) -> None:
     crashed on an empty list. Here a child named bwrap exits and stays a
     zombie (unreaped), the same empty cmdline.
     """
-    sys.path.insert(0, str(ROOT))
-    try:
-        from bench.reference import _bwrap_children, _settled_bwrap_child
-    finally:
-        sys.path.remove(str(ROOT))
-    fake = tmp_path / "bwrap"
-    fake.symlink_to("/bin/true")
-    child = subprocess.Popen([str(fake), "--", "x"])
+    reference = _bench_reference()
+    child = _named_bwrap(tmp_path, "/bin/true", "x")
     try:
         deadline = time.monotonic() + 10
         while _state(child.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _state(child.pid) == "Z"
-        assert child.pid in _bwrap_children(os.getpid())
-        assert _settled_bwrap_child(os.getpid()) is None
+        assert child.pid in reference._bwrap_children(os.getpid())
+        assert reference._settled_bwrap_child(os.getpid()) is None
     finally:
         child.wait()
 
 
 def test_reference_check_reads_a_live_bwrap_argv(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT))
-    try:
-        from bench.reference import _settled_bwrap_child
-    finally:
-        sys.path.remove(str(ROOT))
-    fake = tmp_path / "bwrap"
-    fake.symlink_to("/bin/sleep")
-    child = subprocess.Popen([str(fake), "--", "30"])
+    reference = _bench_reference()
+    child = _named_bwrap(tmp_path, "/bin/sleep", "30")
     try:
         deadline = time.monotonic() + 10
         found = None
         while found is None and time.monotonic() < deadline:
-            found = _settled_bwrap_child(os.getpid())
+            found = reference._settled_bwrap_child(os.getpid())
             time.sleep(0.01)
-        assert found == (child.pid, [str(fake), "--", "30"])
+        assert found == (child.pid, [str(tmp_path / "bwrap"), "--", "30"])
     finally:
         child.kill()
         child.wait()
+
+
+def _bench_reference() -> Any:
+    sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module("bench.reference")
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+def _named_bwrap(tmp_path: Path, program: str, arg: str) -> subprocess.Popen[bytes]:
+    """``program`` run under the name bwrap (so its comm is "bwrap")."""
+    fake = tmp_path / "bwrap"
+    fake.symlink_to(program)
+    return subprocess.Popen([str(fake), "--", arg])
 
 
 def _state(pid: int) -> str:
