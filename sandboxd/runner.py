@@ -243,6 +243,9 @@ class SandboxProcess:
         # reports it: what a network helper needs to join the namespaces.
         self.child_pid: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pid: int | None = None
+        # Open from the spawn until the process is reaped: signals go through
+        # it, so they can never reach another process that reused the pid.
+        self._pidfd: int | None = None
         self._returncode: int | None = None
         self._killed = False
         self._status_closed = False
@@ -284,9 +287,9 @@ class SandboxProcess:
             self._fallback = loop.call_later(_KILL_FALLBACK_SECONDS, self._kill_bwrap)
 
     def _kill_bwrap(self) -> None:
-        # Until we reap it the pid cannot be reused: signalling it is safe.
-        if self._pid is not None and self._returncode is None and self._pid in SPAWNED:
-            _sigkill(self._pid)
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def _on_status(self, data: bytes) -> None:
         self._status.extend(data)
@@ -356,26 +359,38 @@ class SandboxProcess:
         started = time.monotonic()
         try:
             pid = self._spawn(argv, pass_fds, stdin)
-            pidfd = os.pidfd_open(pid)
         except OSError as exc:
             self._close_all()
             raise SandboxSetupFailed(f"Could not start {argv[0]}: {exc}") from exc
-        self._pid = pid
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            # Out of descriptors (or a kernel without pidfds): the process runs
+            # but cannot be watched. Kill and reap it here, or its zombie would
+            # stay first in line and stop every later orphan reap.
+            _sigkill(pid)
+            await asyncio.to_thread(os.waitpid, pid, 0)
+            SPAWNED.discard(pid)
+            self._close_all()
+            raise SandboxSetupFailed(f"Could not watch {argv[0]}: {exc}") from exc
+        self._pid, self._pidfd = pid, pidfd
         exited: asyncio.Future[None] = loop.create_future()
         waits = [exited]
         readers: list[int] = []
-        loop.add_reader(pidfd, self._on_exit, pidfd, exited)
         try:
-            for name, (r, w) in list(self._pipes.items()):
+            loop.add_reader(pidfd, self._on_exit, exited)
+            for name in list(self._pipes):
+                # Taken out of _pipes one by one, so that _close_all never
+                # closes a descriptor twice (its number may be reused by then).
+                r, w = self._pipes.pop(name)
                 os.close(w)
+                readers.append(r)
                 os.set_blocking(r, False)
                 eof: asyncio.Future[None] = loop.create_future()
                 if name == "_status":
                     eof.add_done_callback(lambda _: self._on_status_closed())
                 waits.append(eof)
                 loop.add_reader(r, _read_ready, r, self._sink(name), eof)
-                readers.append(r)
-            self._pipes.clear()
             timed_out = False
             if self._killed:  # killed before the process existed
                 self.kill()
@@ -393,8 +408,7 @@ class SandboxProcess:
         finally:
             for r in readers:
                 loop.remove_reader(r)
-                with contextlib.suppress(OSError):
-                    os.close(r)
+                os.close(r)
             if not exited.done():
                 # Still running (cancelled, or stuck past the grace period): kill
                 # it; the pidfd reader stays and reaps it when it is gone.
@@ -429,17 +443,18 @@ class SandboxProcess:
             status=status,
         )
 
-    def _on_exit(self, pidfd: int, exited: asyncio.Future[None]) -> None:
+    def _on_exit(self, exited: asyncio.Future[None]) -> None:
         """The pidfd is readable: the process has exited; reap it."""
-        assert self._pid is not None
+        assert self._pid is not None and self._pidfd is not None
         try:
             pid, status = os.waitpid(self._pid, os.WNOHANG)
         except ChildProcessError:
             pid, status = self._pid, -1
         if pid == 0:
             return  # not yet (spurious wake-up)
-        asyncio.get_running_loop().remove_reader(pidfd)
-        os.close(pidfd)
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
         if status != -1:
             self._returncode = os.waitstatus_to_exitcode(status)
         SPAWNED.discard(self._pid)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 
 from sandboxd.server import create_app
@@ -268,3 +271,29 @@ async def test_runner_does_not_wait_when_the_command_is_done(client):
     result = await run(client, sid, command="date +%s.%N > started", test=True)
     assert result["tests"]["passed"] == 1, result["output"]
     assert result["command"]["exit_code"] == 0
+
+
+async def test_a_process_that_cannot_be_watched_is_killed_and_reaped(client, monkeypatch):
+    """Out of descriptors right after the spawn: the answer says so, and the
+    process is not left running or as a zombie (which would stop every later
+    orphan reap)."""
+    from sandboxd import runner
+
+    sid = await sandbox(client)
+    spawned: list[int] = []
+
+    def no_pidfd(pid: int) -> int:
+        spawned.append(pid)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(runner.os, "pidfd_open", no_pidfd)
+    r = await client.post(f"/v1/sandboxes/{sid}/exec", json={"command": "sleep 30"})
+    body = await r.json()
+    assert r.status == 500, body
+    assert body["code"] == "sandbox_setup_failed", body
+    assert "Too many open files" in body["detail"], body
+    assert len(spawned) == 1
+    assert not os.path.exists(f"/proc/{spawned[0]}")  # killed and reaped
+    assert spawned[0] not in runner.SPAWNED
+    monkeypatch.undo()
+    assert (await run(client, sid, command="echo fine"))["stdout"] == "fine\n"
