@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import re
 import shutil
 import stat
@@ -236,6 +237,21 @@ def check_seccomp(settings: Settings) -> Check:
     return Check("seccomp", Level.ok, f"supported; the filter builds ({len(program) // 8} rules)")
 
 
+def check_pidfd() -> Check:
+    """The daemon watches every command through a pidfd (Linux 5.3 and later)."""
+    name = "pidfd"
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:
+        return Check(
+            name,
+            Level.fail,
+            f"this kernel ({platform.release()}) cannot open pidfds: {exc.strerror}",
+            "run sandboxd on Linux 5.3 or later (Debian 12 and Ubuntu 22.04 have it)",
+        )
+    return Check(name, Level.ok, f"supported ({platform.release()})")
+
+
 def _own_cgroup() -> Path | None:
     for line in (_read("/proc/self/cgroup") or "").splitlines():
         if line.startswith("0::"):
@@ -391,6 +407,7 @@ def run(settings: Settings) -> Iterator[Check]:
         lambda: check_bwrap(settings),
         lambda: check_userns(settings),
         lambda: check_seccomp(settings),
+        check_pidfd,
         lambda: check_sandbox(settings),
         check_cgroups,
     ]

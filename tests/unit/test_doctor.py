@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -127,6 +128,22 @@ def test_kernel_without_seccomp_fails(settings, monkeypatch):
 def test_seccomp_turned_off_in_the_config_warns(settings):
     check = doctor.check_seccomp(settings.model_copy(update={"seccomp": False}))
     assert check.level is Level.warn
+
+
+def test_pidfd_ok_on_this_host():
+    check = doctor.check_pidfd()
+    assert check.level is doctor.Level.ok, check
+
+
+def test_kernel_without_pidfds_fails_with_the_kernel_to_use(monkeypatch):
+    def no_pidfd(pid: int) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(doctor.os, "pidfd_open", no_pidfd)
+    check = doctor.check_pidfd()
+    assert check.level is doctor.Level.fail
+    assert "Function not implemented" in check.message
+    assert check.fix is not None and "5.3" in check.fix
 
 
 def test_sandbox_selftest_passes_here_and_leaves_nothing_behind(settings):
